@@ -1,0 +1,185 @@
+//! `nucleus`: the command-line tool of the nucleus workspace.
+//!
+//! `nucleus generate` runs a GGUF Llama model and chooses every token with nucleus-sampling.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use nucleus_engine::{hub, load_gguf, Engine, EngineConfig, FinishReason, Request, SamplingParams};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "nucleus",
+    version,
+    about = "The decode step of LLM inference: logits to tokens, and the loop around it."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Generate text with a GGUF Llama model, every token chosen by nucleus-sampling.
+    Generate(GenerateArgs),
+}
+
+#[derive(Args, Debug)]
+struct GenerateArgs {
+    /// A prompt (repeat the flag for several requests that run together). "" is BOS alone.
+    #[arg(long, required = true)]
+    prompt: Vec<String>,
+    /// GGUF model file. Default: $NUCLEUS_MODEL, else ggml-org/models tinyllamas/stories260K.gguf
+    /// from the Hugging Face hub cache.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Most tokens to generate per completion.
+    #[arg(long, default_value_t = 256)]
+    max_tokens: usize,
+    /// Softmax temperature; 0 is greedy.
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f64,
+    /// Keep the k most likely tokens (0 or -1: off).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    top_k: i64,
+    /// Keep the smallest set of tokens whose probability reaches p (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f64,
+    /// Repetition penalty over prompt and generated tokens (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f64,
+    /// Seed of every request's random stream (default: drawn from the OS per request).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Completions per prompt; sample j uses sample index j of the seed's stream.
+    #[arg(long, default_value_t = 1)]
+    n: usize,
+    /// Stop when this text is generated (not printed); repeat for several.
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Print the prompt before its completion.
+    #[arg(long)]
+    echo: bool,
+}
+
+fn main() -> ExitCode {
+    // A bug must not print a backtrace at the user: one line, then exit 101.
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!("nucleus: internal error: {info}");
+    }));
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Generate(args) => generate(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn generate(args: GenerateArgs) -> Result<()> {
+    let params = SamplingParams {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        repetition_penalty: args.repetition_penalty,
+        seed: args.seed,
+    };
+    params.validate()?;
+    let path = hub::resolve_model(args.model.as_deref())?;
+    let loaded = load_gguf(&path, &candle_device())
+        .with_context(|| format!("loading {}", path.display()))?;
+    let mut engine = Engine::new(loaded.model, loaded.tokenizer, EngineConfig::default());
+
+    let streaming = args.prompt.len() == 1 && args.n == 1;
+    let mut ids = Vec::new();
+    for prompt in &args.prompt {
+        let info = engine.add_request(Request {
+            params: params.clone(),
+            max_tokens: args.max_tokens,
+            stop_strings: args.stop.clone(),
+            n: args.n,
+            ..Request::new(prompt.clone())
+        })?;
+        ids.push(info.request_id);
+    }
+
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    if streaming && args.echo {
+        write!(out, "{}", args.prompt[0])?;
+        out.flush()?;
+    }
+    // Completions printed whole when several run together: (request, sample) -> text.
+    let mut texts: BTreeMap<(u64, u32), String> = BTreeMap::new();
+    let mut finished: Vec<(u64, u32, FinishReason, usize)> = Vec::new();
+    let mut counts: BTreeMap<(u64, u32), usize> = BTreeMap::new();
+    while engine.has_unfinished() {
+        for step in engine.step()? {
+            let key = (step.request_id, step.sample_index);
+            if step.token.is_some() {
+                *counts.entry(key).or_default() += 1;
+            }
+            if streaming {
+                write!(out, "{}", step.text)?;
+                out.flush()?;
+            } else {
+                texts.entry(key).or_default().push_str(&step.text);
+            }
+            if let Some(reason) = step.finish {
+                if !streaming {
+                    let text = texts.remove(&key).unwrap_or_default();
+                    let index = ids.iter().position(|&r| r == key.0).unwrap_or(0);
+                    writeln!(out, "--- request {index} sample {} ---", key.1)?;
+                    if args.echo {
+                        write!(out, "{}", args.prompt[index])?;
+                    }
+                    writeln!(out, "{text}")?;
+                    out.flush()?;
+                }
+                finished.push((key.0, key.1, reason, counts.get(&key).copied().unwrap_or(0)));
+            }
+        }
+    }
+    if streaming {
+        writeln!(out)?;
+    }
+    let m = engine.metrics();
+    let rate = |n: usize, t: std::time::Duration| {
+        if t.as_secs_f64() > 0.0 {
+            n as f64 / t.as_secs_f64()
+        } else {
+            0.0
+        }
+    };
+    eprintln!(
+        "prefill: {} tokens in {:.3} s ({:.1} tokens/s)",
+        m.prefill_tokens,
+        m.prefill_time.as_secs_f64(),
+        rate(m.prefill_tokens, m.prefill_time)
+    );
+    eprintln!(
+        "decode: {} tokens in {:.3} s ({:.1} tokens/s); {} tokens generated in all",
+        m.decode_tokens,
+        m.decode_time.as_secs_f64(),
+        rate(m.decode_tokens, m.decode_time),
+        m.generated_tokens
+    );
+    finished.sort_by_key(|f| (f.0, f.1));
+    for (request, sample, reason, tokens) in finished {
+        let index = ids.iter().position(|&r| r == request).unwrap_or(0);
+        eprintln!("request {index} sample {sample}: finish reason {reason}, {tokens} tokens");
+    }
+    Ok(())
+}
+
+fn candle_device() -> nucleus_engine::Device {
+    nucleus_engine::Device::Cpu
+}

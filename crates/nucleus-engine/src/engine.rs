@@ -1,0 +1,511 @@
+//! [`Engine`]: requests in, tokens and text out, one decode step at a time.
+//!
+//! The loop of MiniMind's `generate` (seed 003) and of vLLM's scheduler, cut to its core:
+//! requests join with [`Engine::add_request`]; each [`Engine::step`] runs one forward pass over
+//! every live sequence (a whole prompt for a new one, prefill; the last sampled token for the
+//! others, decode), samples all their rows with one `nucleus_sampling::sample_batch` call,
+//! and applies the stop conditions. A finished sequence leaves the batch at once and costs no
+//! more work; requests may join or leave between any two steps.
+//!
+//! A request with `n > 1` samples is prefilled once; its KV cache is then copied into `n`
+//! sequences that draw their first token from the same logits with sample indices `0..n`
+//! (the third word of the Philox counter) and continue independently.
+
+use std::time::{Duration, Instant};
+
+use nucleus_sampling::{os_seed, sample_batch, LogitsView, SampleRequest, SamplingParams};
+
+use crate::detokenize::{IncrementalDecoder, StopStrings};
+use crate::error::{EngineError, Result};
+use crate::kv_cache::KvCache;
+use crate::model::{LlamaModel, SeqInput};
+use crate::tokenizer::GgufTokenizer;
+
+/// The prompt of a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Prompt {
+    /// Text, tokenised with the model's tokenizer (BOS added as the tokenizer prescribes).
+    Text(String),
+    /// Token ids, used as given.
+    Tokens(Vec<u32>),
+}
+
+/// One generation request.
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// The prompt.
+    pub prompt: Prompt,
+    /// Sampling parameters. A `seed` of `None` is drawn from the OS once, when the request is
+    /// added, and reported in [`RequestInfo`].
+    pub params: SamplingParams,
+    /// Most tokens to generate per sample (>= 1).
+    pub max_tokens: usize,
+    /// Token ids that end a sample with [`FinishReason::Stop`] (not included in the text).
+    pub stop_token_ids: Vec<u32>,
+    /// Strings that end a sample with [`FinishReason::Stop`]; the text stops before the first
+    /// one (not included), as in vLLM and the OpenAI API.
+    pub stop_strings: Vec<String>,
+    /// Samples to draw for this prompt (>= 1): sample `j` uses sample index `j`.
+    pub n: usize,
+    /// Do not stop at the tokenizer's EOS.
+    pub ignore_eos: bool,
+}
+
+impl Request {
+    /// A text request with default sampling, 256 tokens, one sample.
+    pub fn new(prompt: impl Into<String>) -> Self {
+        Self {
+            prompt: Prompt::Text(prompt.into()),
+            params: SamplingParams::default(),
+            max_tokens: 256,
+            stop_token_ids: Vec::new(),
+            stop_strings: Vec::new(),
+            n: 1,
+            ignore_eos: false,
+        }
+    }
+}
+
+/// Why a sample finished.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FinishReason {
+    /// The model produced its end-of-sequence token.
+    Eos,
+    /// A stop token id or a stop string.
+    Stop,
+    /// `max_tokens` reached, or the model's context is full.
+    Length,
+    /// This sample failed (e.g. non-finite logits); the rest of the batch went on.
+    Error(String),
+}
+
+impl std::fmt::Display for FinishReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FinishReason::Eos => write!(f, "eos"),
+            FinishReason::Stop => write!(f, "stop"),
+            FinishReason::Length => write!(f, "length"),
+            FinishReason::Error(e) => write!(f, "error: {e}"),
+        }
+    }
+}
+
+/// What [`Engine::add_request`] returns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestInfo {
+    /// The request's id (ascending from 0 per engine).
+    pub request_id: u64,
+    /// The prompt as token ids.
+    pub prompt_ids: Vec<u32>,
+    /// The seed in use (given, or drawn from the OS).
+    pub seed: u64,
+}
+
+/// What happened to one sample in one step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepOutput {
+    /// The request.
+    pub request_id: u64,
+    /// Which of its `n` samples.
+    pub sample_index: u32,
+    /// The token chosen this step (`None` when sampling failed).
+    pub token: Option<u32>,
+    /// Its log-probability under the processed distribution.
+    pub logprob: f64,
+    /// Text this step released (may be empty: held back for UTF-8 or a possible stop string).
+    pub text: String,
+    /// Set when the sample finished this step.
+    pub finish: Option<FinishReason>,
+    /// The logits row the token was sampled from, when [`EngineConfig::capture_logits`].
+    pub logits: Option<Vec<f32>>,
+}
+
+/// Engine options.
+#[derive(Clone, Debug, Default)]
+pub struct EngineConfig {
+    /// Return each step's logits row in [`StepOutput::logits`] (tests, debugging).
+    pub capture_logits: bool,
+}
+
+/// Token counts and wall time, split into prefill and decode.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Metrics {
+    /// Prompt tokens run through the model.
+    pub prefill_tokens: usize,
+    /// Time of steps that ran at least one prompt.
+    pub prefill_time: Duration,
+    /// Tokens sampled in pure decode steps.
+    pub decode_tokens: usize,
+    /// Time of pure decode steps.
+    pub decode_time: Duration,
+    /// All tokens sampled.
+    pub generated_tokens: usize,
+}
+
+struct Sequence {
+    request_id: u64,
+    sample_index: u32,
+    params: SamplingParams,
+    prompt_ids: std::sync::Arc<Vec<u32>>,
+    output_ids: Vec<u32>,
+    cache: KvCache,
+    /// Still to run through the model: the prompt before prefill, then the last token.
+    pending: Vec<u32>,
+    /// Samples `1..n` wait for sample 0's prefill, then copy its cache.
+    forks: usize,
+    max_tokens: usize,
+    stop_token_ids: Vec<u32>,
+    eos_token_id: Option<u32>,
+    decoder: IncrementalDecoder,
+    stops: StopStrings,
+}
+
+/// The generation loop over one model.
+pub struct Engine {
+    model: LlamaModel,
+    tokenizer: GgufTokenizer,
+    config: EngineConfig,
+    seqs: Vec<Sequence>,
+    next_request_id: u64,
+    metrics: Metrics,
+    /// Candidate ids per row: the tokenizer's vocabulary when the model's rows are padded.
+    vocab_size: usize,
+}
+
+impl Engine {
+    /// An engine over a loaded model and its tokenizer.
+    pub fn new(model: LlamaModel, tokenizer: GgufTokenizer, config: EngineConfig) -> Self {
+        let rows = model.config().vocab_size;
+        let tok_vocab = tokenizer.tokenizer.get_vocab_size(true);
+        let vocab_size = if tok_vocab > 0 && tok_vocab < rows {
+            tok_vocab
+        } else {
+            rows
+        };
+        Self {
+            model,
+            tokenizer,
+            config,
+            seqs: Vec::new(),
+            next_request_id: 0,
+            metrics: Metrics::default(),
+            vocab_size,
+        }
+    }
+
+    /// The model.
+    pub fn model(&self) -> &LlamaModel {
+        &self.model
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &GgufTokenizer {
+        &self.tokenizer
+    }
+
+    /// Counts and times so far.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Whether any sample is still running.
+    pub fn has_unfinished(&self) -> bool {
+        !self.seqs.is_empty()
+    }
+
+    /// Tokenises text as a prompt (with the tokenizer's BOS).
+    ///
+    /// # Errors
+    /// [`EngineError::Tokenizer`].
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .tokenizer
+            .tokenizer
+            .encode(text, true)
+            .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Decodes ids to text, special tokens skipped.
+    ///
+    /// # Errors
+    /// [`EngineError::Tokenizer`].
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.tokenizer
+            .tokenizer
+            .decode(ids, true)
+            .map_err(|e| EngineError::Tokenizer(e.to_string()))
+    }
+
+    /// Adds a request; it is prefilled in the next [`Engine::step`].
+    ///
+    /// # Errors
+    /// [`EngineError::InvalidRequest`] for bad sampling parameters, `max_tokens == 0`,
+    /// `n == 0`, an empty prompt, a prompt id outside the vocabulary, or a prompt that fills
+    /// the model's context; [`EngineError::Tokenizer`]; [`EngineError::Sampling`] when no
+    /// seed was given and the OS gave none.
+    pub fn add_request(&mut self, request: Request) -> Result<RequestInfo> {
+        let invalid = |m: String| Err(EngineError::InvalidRequest(m));
+        if let Err(e) = request.params.validate() {
+            return invalid(e.to_string());
+        }
+        if request.max_tokens == 0 {
+            return invalid("max_tokens must be at least 1".into());
+        }
+        if request.n == 0 || request.n > u32::MAX as usize {
+            return invalid(format!("n must be in 1..={}, got {}", u32::MAX, request.n));
+        }
+        let prompt_ids = match &request.prompt {
+            Prompt::Text(text) => self.encode(text)?,
+            Prompt::Tokens(ids) => ids.clone(),
+        };
+        if prompt_ids.is_empty() {
+            return invalid("the prompt is empty and the tokenizer adds no BOS token".into());
+        }
+        if let Some(&bad) = prompt_ids
+            .iter()
+            .find(|&&id| id as usize >= self.vocab_size)
+        {
+            return invalid(format!(
+                "prompt token id {bad} is not below the vocabulary size {}",
+                self.vocab_size
+            ));
+        }
+        let context = self.model.config().context_length;
+        if prompt_ids.len() >= context {
+            return invalid(format!(
+                "the prompt has {} tokens; the model's context holds {context}",
+                prompt_ids.len()
+            ));
+        }
+        let mut params = request.params.clone();
+        let seed = match params.seed {
+            Some(seed) => seed,
+            None => os_seed()?,
+        };
+        params.seed = Some(seed);
+        let request_id = self.next_request_id;
+        self.next_request_id += 1;
+        let prompt = std::sync::Arc::new(prompt_ids.clone());
+        let eos_token_id = if request.ignore_eos {
+            None
+        } else {
+            self.tokenizer.eos_token_id
+        };
+        for j in 0..request.n {
+            self.seqs.push(Sequence {
+                request_id,
+                sample_index: j as u32,
+                params: params.clone(),
+                prompt_ids: prompt.clone(),
+                output_ids: Vec::new(),
+                cache: self.model.new_cache(),
+                pending: if j == 0 {
+                    prompt_ids.clone()
+                } else {
+                    Vec::new()
+                },
+                forks: if j == 0 { request.n - 1 } else { 0 },
+                max_tokens: request.max_tokens,
+                stop_token_ids: request.stop_token_ids.clone(),
+                eos_token_id,
+                decoder: IncrementalDecoder::new(&prompt_ids),
+                stops: StopStrings::new(&request.stop_strings),
+            });
+        }
+        Ok(RequestInfo {
+            request_id,
+            prompt_ids,
+            seed,
+        })
+    }
+
+    /// Drops every sample of a request. Returns whether it was running.
+    pub fn abort(&mut self, request_id: u64) -> bool {
+        let before = self.seqs.len();
+        self.seqs.retain(|s| s.request_id != request_id);
+        self.seqs.len() != before
+    }
+
+    /// Advances every live sample by one token: one forward pass over all of them, one batch
+    /// sampling call. Returns one [`StepOutput`] per sample that took part, in the order the
+    /// requests were added; finished samples leave the batch.
+    ///
+    /// # Errors
+    /// A failure of the forward pass as a whole ([`EngineError::Candle`]). A failure that
+    /// concerns one sample (sampling, detokenising) finishes that sample with
+    /// [`FinishReason::Error`] and the others go on.
+    pub fn step(&mut self) -> Result<Vec<StepOutput>> {
+        let start = Instant::now();
+        // Sequences that run through the model this step: everything but the forks-to-be.
+        let runs: Vec<usize> = (0..self.seqs.len())
+            .filter(|&i| !self.seqs[i].pending.is_empty())
+            .collect();
+        if runs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let prefill_tokens: usize = runs
+            .iter()
+            .map(|&i| &self.seqs[i])
+            .filter(|s| s.output_ids.is_empty())
+            .map(|s| s.pending.len())
+            .sum();
+
+        // Forward pass over all live rows.
+        let logits = {
+            let mut inputs: Vec<SeqInput<'_>> = Vec::with_capacity(runs.len());
+            let mut rest: &mut [Sequence] = &mut self.seqs;
+            let mut offset = 0;
+            for &i in &runs {
+                let (_, tail) = rest.split_at_mut(i - offset);
+                let (seq, after) = tail.split_first_mut().expect("index in range");
+                inputs.push(SeqInput {
+                    tokens: &seq.pending,
+                    cache: &mut seq.cache,
+                });
+                rest = after;
+                offset = i + 1;
+            }
+            let out = self.model.forward(&mut inputs)?;
+            out.flatten_all()?.to_vec1::<f32>()?
+        };
+        let row_len = self.model.config().vocab_size;
+
+        // Forks: samples 1..n of a request just prefilled copy sample 0's cache and logits row.
+        let mut rows: Vec<(usize, usize)> = Vec::new(); // (sequence, logits row)
+        for (r, &i) in runs.iter().enumerate() {
+            rows.push((i, r));
+            let forks = std::mem::take(&mut self.seqs[i].forks);
+            if forks > 0 {
+                let (id, cache) = (self.seqs[i].request_id, self.seqs[i].cache.clone());
+                for (k, seq) in self.seqs.iter_mut().enumerate() {
+                    if seq.request_id == id && seq.sample_index != 0 && seq.output_ids.is_empty() {
+                        seq.cache = cache.clone();
+                        rows.push((k, r));
+                    }
+                }
+            }
+        }
+        rows.sort_unstable_by_key(|&(k, _)| k);
+        for seq in &mut self.seqs {
+            seq.pending.clear();
+        }
+
+        let mut batch = Vec::with_capacity(rows.len() * row_len);
+        for &(_, r) in &rows {
+            batch.extend_from_slice(&logits[r * row_len..(r + 1) * row_len]);
+        }
+        let view = LogitsView::new(&batch, rows.len(), row_len, row_len, self.vocab_size)
+            .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
+        let requests: Vec<SampleRequest<'_>> = rows
+            .iter()
+            .map(|&(k, _)| {
+                let s = &self.seqs[k];
+                SampleRequest {
+                    params: &s.params,
+                    prompt_ids: &s.prompt_ids,
+                    output_ids: &s.output_ids,
+                    position: (s.prompt_ids.len() + s.output_ids.len()) as u64,
+                    sample_index: s.sample_index,
+                }
+            })
+            .collect();
+        let sampled = sample_batch(&view, &requests)
+            .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
+        drop(requests);
+
+        let context = self.model.config().context_length;
+        let mut outputs = Vec::with_capacity(rows.len());
+        let mut finished = Vec::new();
+        for (row, (&(k, _), result)) in rows.iter().zip(sampled).enumerate() {
+            let seq = &mut self.seqs[k];
+            let mut out = StepOutput {
+                request_id: seq.request_id,
+                sample_index: seq.sample_index,
+                token: None,
+                logprob: 0.0,
+                text: String::new(),
+                finish: None,
+                logits: self
+                    .config
+                    .capture_logits
+                    .then(|| batch[row * row_len..(row + 1) * row_len].to_vec()),
+            };
+            match result {
+                Err(e) => out.finish = Some(FinishReason::Error(e.to_string())),
+                Ok(s) => {
+                    out.token = Some(s.token);
+                    out.logprob = s.logprob;
+                    seq.output_ids.push(s.token);
+                    out.finish = advance(seq, s.token, &self.tokenizer, context, &mut out.text);
+                }
+            }
+            if out.finish.is_some() {
+                finished.push(k);
+            }
+            outputs.push(out);
+        }
+        let mut k = 0;
+        self.seqs.retain(|_| {
+            k += 1;
+            !finished.contains(&(k - 1))
+        });
+
+        let elapsed = start.elapsed();
+        self.metrics.generated_tokens += outputs.iter().filter(|o| o.token.is_some()).count();
+        if prefill_tokens > 0 {
+            self.metrics.prefill_tokens += prefill_tokens;
+            self.metrics.prefill_time += elapsed;
+        } else {
+            self.metrics.decode_tokens += outputs.len();
+            self.metrics.decode_time += elapsed;
+        }
+        Ok(outputs)
+    }
+}
+
+/// Applies one sampled token to a sequence: stop conditions, text. Returns the finish reason.
+fn advance(
+    seq: &mut Sequence,
+    token: u32,
+    tokenizer: &GgufTokenizer,
+    context: usize,
+    text: &mut String,
+) -> Option<FinishReason> {
+    let tok = &tokenizer.tokenizer;
+    let flush = |seq: &mut Sequence, text: &mut String| match seq.decoder.finish(tok) {
+        Ok(rest) => {
+            let check = seq.stops.push(&rest);
+            text.push_str(&check.text);
+            if !check.stopped {
+                text.push_str(&seq.stops.take_pending());
+            }
+        }
+        Err(e) => text.push_str(&format!("<{e}>")),
+    };
+    if Some(token) == seq.eos_token_id {
+        flush(seq, text);
+        return Some(FinishReason::Eos);
+    }
+    if seq.stop_token_ids.contains(&token) {
+        flush(seq, text);
+        return Some(FinishReason::Stop);
+    }
+    match seq.decoder.push(tok, token) {
+        Ok(delta) => {
+            let check = seq.stops.push(&delta);
+            text.push_str(&check.text);
+            if check.stopped {
+                return Some(FinishReason::Stop);
+            }
+        }
+        Err(e) => return Some(FinishReason::Error(e.to_string())),
+    }
+    let len = seq.prompt_ids.len() + seq.output_ids.len();
+    if seq.output_ids.len() >= seq.max_tokens || len >= context {
+        flush(seq, text);
+        return Some(FinishReason::Length);
+    }
+    seq.pending.push(token);
+    None
+}

@@ -1,0 +1,108 @@
+//! Typed errors: per-row errors ([`SampleError`]) and whole-call errors ([`ShapeError`]).
+
+/// A parameter outside its allowed range (spec/sampling.md, "Inputs").
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("invalid sampling parameter `{field}` = {value}: allowed {allowed}")]
+pub struct ParamError {
+    /// The field's name, as in [`crate::SamplingParams`].
+    pub field: &'static str,
+    /// The value that was given, formatted.
+    pub value: String,
+    /// The allowed range, in words.
+    pub allowed: &'static str,
+}
+
+impl ParamError {
+    pub(crate) fn new(
+        field: &'static str,
+        value: impl std::fmt::Display,
+        allowed: &'static str,
+    ) -> Self {
+        Self {
+            field,
+            value: value.to_string(),
+            allowed,
+        }
+    }
+}
+
+/// Why one row could not be sampled. The other rows of the batch are unaffected.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum SampleError {
+    /// A NaN or +inf logit at an id below `vocab_size` (spec step 1). `-inf` is legal: it masks.
+    #[error("non-finite logit {value} at token id {token_id}")]
+    NonFiniteLogits {
+        /// The lowest id holding a NaN or +inf.
+        token_id: u32,
+        /// The value found there.
+        value: f32,
+    },
+    /// Every logit of the row is `-inf` after the hard constraints (spec step 12).
+    #[error("no candidate token: every logit below vocab_size is -inf")]
+    NoCandidates,
+    /// A parameter is out of range.
+    #[error(transparent)]
+    InvalidParams(#[from] ParamError),
+    /// No seed was given and the operating system's entropy source failed.
+    #[error("no seed given and none could be drawn from the OS: {0}")]
+    SeedUnavailable(String),
+    /// A context token id (prompt or generated) is not below `vocab_size`.
+    #[error("{field} holds token id {token_id}, not below vocab_size {vocab_size}")]
+    TokenIdOutOfRange {
+        /// `"prompt_ids"` or `"output_ids"`.
+        field: &'static str,
+        /// The offending id.
+        token_id: u32,
+        /// The row's vocabulary size.
+        vocab_size: usize,
+    },
+}
+
+/// A whole call is malformed: the shape of the logits matrix or the number of requests.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ShapeError {
+    /// The data slice is shorter than `(batch - 1) * row_stride + row_len`.
+    #[error("logits slice has {len} values, but batch {batch} with row_stride {row_stride} and row length {row_len} needs {needed}")]
+    DataTooShort {
+        /// `data.len()`.
+        len: usize,
+        /// Rows.
+        batch: usize,
+        /// Elements between row starts.
+        row_stride: usize,
+        /// Elements in a row.
+        row_len: usize,
+        /// The minimum length.
+        needed: usize,
+    },
+    /// `row_len > row_stride`: rows would overlap.
+    #[error("row length {row_len} exceeds row_stride {row_stride}")]
+    RowLongerThanStride {
+        /// Elements in a row.
+        row_len: usize,
+        /// Elements between row starts.
+        row_stride: usize,
+    },
+    /// `vocab_size` is 0 or larger than the row.
+    #[error("vocab_size {vocab_size} must be in 1..={row_len} (the row length)")]
+    BadVocabSize {
+        /// The given vocabulary size.
+        vocab_size: usize,
+        /// Elements in a row.
+        row_len: usize,
+    },
+    /// `vocab_size` does not fit the u32 token ids.
+    #[error("vocab_size {vocab_size} does not fit in u32 token ids")]
+    VocabTooLarge {
+        /// The given vocabulary size.
+        vocab_size: usize,
+    },
+    /// The number of requests differs from the number of rows.
+    #[error("{requests} requests for {batch} logits rows")]
+    RequestCountMismatch {
+        /// Requests given.
+        requests: usize,
+        /// Rows in the logits matrix.
+        batch: usize,
+    },
+}

@@ -1,0 +1,57 @@
+//! # nucleus-sampling
+//!
+//! Logits processing and token selection for the decode step of LLM inference: from a logits
+//! matrix `[batch, vocab]` to one token per request, exactly to the contract in
+//! `spec/sampling.md` (the project's shared specification), whatever the batch size, the row's
+//! place in the batch or the thread count.
+//!
+//! Key types:
+//! - [`LogitsView`]: a borrowed, checked `[batch, row_len]` f32 matrix with a row stride and a
+//!   `vocab_size` that may be smaller than the row (padded embedding tables).
+//! - [`SamplingParams`]: one request's parameters (temperature, top_k, top_p,
+//!   repetition_penalty, seed), validated by [`SamplingParams::validate`].
+//! - [`SampleRequest`]: parameters plus context (prompt ids, generated ids, position, sample
+//!   index) for one row.
+//! - [`sample_batch`]: samples every row (rows in parallel on the current rayon pool) and returns
+//!   one `Result` per row; [`sample_row`] does one row; [`distribution`] returns the exact
+//!   final probabilities that selection draws from.
+//! - [`philox`]: the counter-based Philox4x32-10 generator behind every random draw.
+//!
+//! A decode step:
+//!
+//! ```
+//! use nucleus_sampling::{sample_batch, LogitsView, SampleRequest, SamplingParams};
+//!
+//! let vocab = 4;
+//! let logits = [1.0f32, 3.0, 2.0, -1.0, /* row 1 */ 0.5, 0.5, 4.0, 0.0];
+//! let view = LogitsView::dense(&logits, 2, vocab).unwrap();
+//! let greedy = SamplingParams::greedy();
+//! let nucleus = SamplingParams { temperature: 0.7, top_p: 0.9, seed: Some(7), ..Default::default() };
+//! let prompt = [1u32, 2];
+//! let requests = [
+//!     SampleRequest::new(&greedy, &prompt, &[], 2),
+//!     SampleRequest::new(&nucleus, &prompt, &[], 2),
+//! ];
+//! let results = sample_batch(&view, &requests).unwrap();
+//! assert_eq!(results[0].as_ref().unwrap().token, 1);
+//! assert!(results[1].is_ok());
+//! ```
+//!
+//! The order of operations (spec/sampling.md): 1. row check (NaN/+inf is an error for that row),
+//! 5. repetition penalty, 6. greedy when temperature < 1e-5, 7. temperature, 9. top-k (exact k,
+//! ties to the lower id), 10. top-p (smallest prefix reaching p), 11. inverse-CDF selection in
+//! token-id order with one uniform from the request's Philox stream, 12. no candidate is an error.
+//! No path sorts the vocabulary: the k-th value and the top-p boundary are found in linear time.
+
+#![warn(missing_docs)]
+
+mod error;
+mod params;
+pub mod philox;
+mod sampler;
+mod view;
+
+pub use error::{ParamError, SampleError, ShapeError};
+pub use params::{SamplingParams, GREEDY_TEMPERATURE};
+pub use sampler::{distribution, os_seed, sample_batch, sample_row, SampleOutput, SampleRequest};
+pub use view::LogitsView;

@@ -1,0 +1,600 @@
+//! The `SamplingParams` path: one fixed chain of spec/sampling.md steps 1, 5, 6, 7, 9, 10, 11
+//! and 12, in linear time per row (no sort of the vocabulary).
+//!
+//! How a row is processed:
+//! 1. One pass finds the maximum and rejects NaN / +inf (step 1).
+//! 2. The repetition penalty (step 5) is applied to a per-thread copy of the row, only when it
+//!    is on and there is context; the caller's logits are never written.
+//! 3. Greedy (step 6) is the argmax, ties to the lowest id.
+//! 4. Top-k (step 9) keeps a small buffer of candidates above a rising threshold and compacts it
+//!    with a linear-time selection; the order is (logit descending, id ascending), so ties go
+//!    to the lower id and the kept set is exactly k tokens.
+//! 5. Top-p (step 10) runs a mass-aware quickselect over the candidates: partition around a
+//!    pivot, compare the mass of the better side with the remaining target, recurse into one
+//!    side. Expected linear time; sums in f64.
+//! 6. Whatever the filters, the survivors form a prefix of the (logit desc, id asc) order, so
+//!    they are either a short list (sorted by id) or "every finite logit ranked at or above a
+//!    boundary (logit, id)", tested in one pass over the row.
+//! 7. Selection (step 11) walks the survivors in id order with one uniform from the request's
+//!    Philox stream. Weights are `exp((l - max) / T)` in f32; masses are f64 sums over fixed id
+//!    chunks of [`CHUNK`] ids, so a future within-row split over threads gives the same sums.
+//!
+//! Ordering decisions (top-k, top-p) use the penalised logits before temperature: dividing by
+//! a positive temperature keeps the order, and the logits keep distinctions that f32 rounding
+//! of `(l - max) / T` could erase.
+
+use std::cell::RefCell;
+use std::cmp::Ordering;
+
+use rayon::prelude::*;
+
+use crate::error::{SampleError, ShapeError};
+use crate::params::SamplingParams;
+use crate::philox;
+use crate::view::LogitsView;
+
+/// Ids per chunk of the f64 mass sums (spec/sampling.md: chunking independent of threads).
+pub(crate) const CHUNK: usize = 8192;
+
+/// A survivor list shorter than `vocab / LIST_FRACTION` is sorted by id; a longer one is
+/// found again by one boundary pass over the row.
+const LIST_FRACTION: usize = 16;
+
+/// One row's request: parameters and the context the penalties and the random stream need.
+#[derive(Clone, Copy, Debug)]
+pub struct SampleRequest<'a> {
+    /// The request's parameters.
+    pub params: &'a SamplingParams,
+    /// Prompt token ids (the repetition penalty counts them). Each must be below `vocab_size`.
+    pub prompt_ids: &'a [u32],
+    /// Token ids generated so far. Each must be below `vocab_size`.
+    pub output_ids: &'a [u32],
+    /// Index, in the whole sequence (prompt included), of the token being chosen: the Philox
+    /// counter's position words.
+    pub position: u64,
+    /// Which of the request's `n` samples this is: the Philox counter's third word.
+    pub sample_index: u32,
+}
+
+impl<'a> SampleRequest<'a> {
+    /// A request for sample 0 at `position`.
+    pub fn new(
+        params: &'a SamplingParams,
+        prompt_ids: &'a [u32],
+        output_ids: &'a [u32],
+        position: u64,
+    ) -> Self {
+        Self {
+            params,
+            prompt_ids,
+            output_ids,
+            position,
+            sample_index: 0,
+        }
+    }
+
+    /// The same request for sample `sample_index` of `n`.
+    pub fn with_sample_index(mut self, sample_index: u32) -> Self {
+        self.sample_index = sample_index;
+        self
+    }
+}
+
+/// The result of sampling one row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SampleOutput {
+    /// The chosen token id (below `vocab_size`).
+    pub token: u32,
+    /// Natural log of the chosen token's probability under the processed (final) distribution;
+    /// 0 for greedy.
+    pub logprob: f64,
+    /// Number of tokens with non-zero final probability (1 for greedy).
+    pub num_candidates: usize,
+    /// The seed used: the request's, or the one drawn from the OS when it had none.
+    pub seed: u64,
+}
+
+/// Samples one token per row of `logits`: rows in parallel on the current rayon pool (use
+/// `pool.install(|| sample_batch(..))` to choose the pool).
+///
+/// Arguments: `logits` `[batch, row_len]` f32 with `vocab_size` candidate ids per row;
+/// `requests`, one per row, in row order.
+///
+/// Returns one `Result` per row, in row order. A row's result depends only on its logits and
+/// its request, never on the other rows or the thread count.
+///
+/// Randomness: one uniform per row from Philox4x32-10 at (seed, position, sample_index)
+/// ([`philox::uniform`]); greedy rows draw nothing.
+///
+/// # Errors
+/// [`ShapeError::RequestCountMismatch`] when `requests.len() != logits.batch()`. Per-row
+/// errors are in the returned vector (see [`sample_row`]).
+pub fn sample_batch(
+    logits: &LogitsView<'_>,
+    requests: &[SampleRequest<'_>],
+) -> Result<Vec<Result<SampleOutput, SampleError>>, ShapeError> {
+    if requests.len() != logits.batch() {
+        return Err(ShapeError::RequestCountMismatch {
+            requests: requests.len(),
+            batch: logits.batch(),
+        });
+    }
+    Ok(requests
+        .par_iter()
+        .enumerate()
+        .map(|(i, request)| sample_row(logits.row(i), request))
+        .collect())
+}
+
+/// Samples one row: `row` holds the `vocab_size = row.len()` candidate logits (f32).
+///
+/// Applies spec/sampling.md steps 1, 5, 6, 7, 9, 10, 11 and 12 in that order; see the crate
+/// docs. The caller's logits are not modified (the penalty works on a per-thread copy).
+///
+/// # Errors
+/// - [`SampleError::InvalidParams`]: a parameter out of range (checked first).
+/// - [`SampleError::TokenIdOutOfRange`]: a prompt or output id `>= row.len()`.
+/// - [`SampleError::NonFiniteLogits`]: a NaN or +inf logit.
+/// - [`SampleError::NoCandidates`]: every logit is -inf, or the row is empty.
+/// - [`SampleError::SeedUnavailable`]: no seed was given and the OS gave none.
+pub fn sample_row(row: &[f32], request: &SampleRequest<'_>) -> Result<SampleOutput, SampleError> {
+    let seed = match request.params.seed {
+        Some(seed) => seed,
+        None => os_seed()?,
+    };
+    with_scratch(|scratch| {
+        let prepared = prepare(row, request, scratch)?;
+        let (token, weight, z, num_candidates) = match prepared.support {
+            Support::Greedy(token) => {
+                return Ok(SampleOutput {
+                    token,
+                    logprob: 0.0,
+                    num_candidates: 1,
+                    seed,
+                })
+            }
+            Support::List(n) => {
+                let u = philox::uniform(seed, request.position, request.sample_index);
+                select_sparse(&scratch.cand[..n], u)
+            }
+            Support::Dense => {
+                let u = philox::uniform(seed, request.position, request.sample_index);
+                select_dense(&scratch.weights[..row.len()], u)
+            }
+        };
+        Ok(SampleOutput {
+            token,
+            logprob: (f64::from(weight) / z).ln(),
+            num_candidates,
+            seed,
+        })
+    })
+}
+
+/// The exact final probabilities that [`sample_row`] draws from: a vector of `row.len()` f64
+/// values, zero for removed tokens, summing to 1 (one-hot on the argmax for greedy).
+///
+/// Probability `i` is `w_i / Z` with `w_i = exp((l_i - max) / T)` computed in f32 exactly as
+/// the sampler computes it and `Z` the f64 sum of the survivors' weights: this is the oracle
+/// for logprobs, speculative decoding and tests.
+///
+/// # Errors
+/// As [`sample_row`], except that no seed is needed.
+pub fn distribution(row: &[f32], request: &SampleRequest<'_>) -> Result<Vec<f64>, SampleError> {
+    with_scratch(|scratch| {
+        let prepared = prepare(row, request, scratch)?;
+        let mut out = vec![0.0f64; row.len()];
+        match prepared.support {
+            Support::Greedy(token) => out[token as usize] = 1.0,
+            Support::List(n) => {
+                let cand = &scratch.cand[..n];
+                let z = chunked_sum(cand.iter().map(|c| (c.id as usize, c.w)));
+                for c in cand {
+                    out[c.id as usize] = f64::from(c.w) / z;
+                }
+            }
+            Support::Dense => {
+                let w = &scratch.weights[..row.len()];
+                let z = chunked_sum(w.iter().copied().enumerate());
+                for (o, &wi) in out.iter_mut().zip(w) {
+                    *o = f64::from(wi) / z;
+                }
+            }
+        }
+        Ok(out)
+    })
+}
+
+/// A fresh seed from the operating system's entropy source, for requests that gave none.
+/// An engine calls this once per request and keeps the seed for every step.
+///
+/// # Errors
+/// [`SampleError::SeedUnavailable`] when the OS gives no entropy.
+pub fn os_seed() -> Result<u64, SampleError> {
+    getrandom::u64().map_err(|e| SampleError::SeedUnavailable(e.to_string()))
+}
+
+/// A candidate token: its (penalised, pre-temperature) logit, id and weight `exp((l-max)/T)`.
+#[derive(Clone, Copy, Debug)]
+struct Cand {
+    logit: f32,
+    id: u32,
+    w: f32,
+}
+
+/// The order of filtering: better = larger logit, then lower id. Total and strict (ids differ).
+#[inline]
+fn better(a: &Cand, b: &Cand) -> Ordering {
+    b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id))
+}
+
+/// Per-thread buffers, reused across rows so the hot path does not allocate once warm.
+#[derive(Default)]
+struct Scratch {
+    /// The penalised copy of the row (only when a penalty applies).
+    logits: Vec<f32>,
+    /// Candidates of top-k / top-p; after `prepare`, `cand[..n]` is the survivor list.
+    cand: Vec<Cand>,
+    /// Dense weights, zero for removed tokens (when the survivors are not a short list).
+    weights: Vec<f32>,
+    /// Bitset of ids already penalised (distinct ids count once).
+    seen: Vec<u64>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+fn with_scratch<T>(f: impl FnOnce(&mut Scratch) -> T) -> T {
+    SCRATCH.with(|s| match s.try_borrow_mut() {
+        Ok(mut scratch) => f(&mut scratch),
+        // Re-entrant use (not expected): fall back to fresh buffers rather than panic.
+        Err(_) => f(&mut Scratch::default()),
+    })
+}
+
+/// Where the final distribution lives after [`prepare`].
+enum Support {
+    /// One token with probability 1.
+    Greedy(u32),
+    /// `scratch.cand[..n]`, sorted by id, with weights.
+    List(usize),
+    /// `scratch.weights[..vocab]`, zero for removed tokens.
+    Dense,
+}
+
+struct Prepared {
+    support: Support,
+}
+
+/// Steps 1-10: checks, penalty, greedy or temperature, top-k, top-p. Leaves the survivors and
+/// their weights in `scratch`.
+fn prepare(
+    row: &[f32],
+    request: &SampleRequest<'_>,
+    scratch: &mut Scratch,
+) -> Result<Prepared, SampleError> {
+    let params = request.params;
+    params.validate()?;
+    let vocab = row.len();
+    for (field, ids) in [
+        ("prompt_ids", request.prompt_ids),
+        ("output_ids", request.output_ids),
+    ] {
+        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(SampleError::TokenIdOutOfRange {
+                field,
+                token_id: bad,
+                vocab_size: vocab,
+            });
+        }
+    }
+    // Step 1: NaN / +inf check.
+    if let Some(i) = row.iter().position(|&v| v.is_nan() || v == f32::INFINITY) {
+        return Err(SampleError::NonFiniteLogits {
+            token_id: i as u32,
+            value: row[i],
+        });
+    }
+
+    // Step 5: repetition penalty on a copy, each distinct id once.
+    let penalise = params.repetition_penalty != 1.0
+        && !(request.prompt_ids.is_empty() && request.output_ids.is_empty());
+    let logits: &[f32] = if penalise {
+        apply_repetition_penalty(row, request, params.repetition_penalty, scratch);
+        &scratch.logits[..vocab]
+    } else {
+        row
+    };
+
+    let max = max_of(logits);
+    if max == f32::NEG_INFINITY {
+        return Err(SampleError::NoCandidates);
+    }
+
+    // Step 6: greedy.
+    if params.is_greedy() {
+        let token = logits.iter().position(|&v| v == max).unwrap_or(0) as u32;
+        return Ok(Prepared {
+            support: Support::Greedy(token),
+        });
+    }
+
+    // Step 7: temperature, `(l - max) / T` in f32.
+    let t = params.temperature as f32;
+    let weight = |l: f32| ((l - max) / t).exp();
+
+    // Step 9: top-k.
+    let top_k = usize::try_from(params.top_k).unwrap_or(0);
+    let k_on = top_k > 0 && top_k < vocab;
+    let p_on = params.top_p < 1.0;
+
+    if !k_on && !p_on {
+        let w = dense_weights(&mut scratch.weights, vocab);
+        for (wi, &l) in w.iter_mut().zip(logits) {
+            *wi = weight(l);
+        }
+        return Ok(Prepared {
+            support: Support::Dense,
+        });
+    }
+
+    let cand = &mut scratch.cand;
+    cand.clear();
+    if k_on {
+        top_k_candidates(logits, top_k, cand);
+        for c in cand.iter_mut() {
+            c.w = weight(c.logit);
+        }
+    } else {
+        cand.extend(
+            logits
+                .iter()
+                .enumerate()
+                .filter(|(_, &l)| l > f32::NEG_INFINITY)
+                .map(|(i, &l)| Cand {
+                    logit: l,
+                    id: i as u32,
+                    w: weight(l),
+                }),
+        );
+    }
+
+    // Step 10: top-p over the candidates, renormalised among them.
+    let kept = if p_on {
+        let z: f64 = cand.iter().map(|c| f64::from(c.w)).sum();
+        top_p_prefix(cand, params.top_p * z)
+    } else {
+        cand.len()
+    };
+
+    if kept * LIST_FRACTION <= vocab {
+        cand.truncate(kept);
+        cand.sort_unstable_by_key(|c| c.id);
+        return Ok(Prepared {
+            support: Support::List(kept),
+        });
+    }
+    // A long survivor list: the survivors are every finite logit ranked at or above the worst
+    // kept candidate; rebuild the weights in id order in one pass.
+    let worst = cand[..kept]
+        .iter()
+        .copied()
+        .max_by(better)
+        .expect("kept >= 1: the maximum is always a candidate");
+    let w = dense_weights(&mut scratch.weights, vocab);
+    for (i, (wi, &l)) in w.iter_mut().zip(logits).enumerate() {
+        let keep = l > worst.logit || (l == worst.logit && i as u32 <= worst.id);
+        *wi = if keep { weight(l) } else { 0.0 };
+    }
+    Ok(Prepared {
+        support: Support::Dense,
+    })
+}
+
+fn dense_weights(buf: &mut Vec<f32>, vocab: usize) -> &mut [f32] {
+    if buf.len() < vocab {
+        buf.resize(vocab, 0.0);
+    }
+    &mut buf[..vocab]
+}
+
+fn max_of(values: &[f32]) -> f32 {
+    values.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// Copies `row` into `scratch.logits` and applies `l > 0 ? l / r : l * r` once to each distinct
+/// id of prompt + output (CTRL; Hugging Face's `RepetitionPenaltyLogitsProcessor`).
+fn apply_repetition_penalty(
+    row: &[f32],
+    request: &SampleRequest<'_>,
+    penalty: f64,
+    scratch: &mut Scratch,
+) {
+    let r = penalty as f32;
+    scratch.logits.clear();
+    scratch.logits.extend_from_slice(row);
+    let words = row.len().div_ceil(64);
+    if scratch.seen.len() < words {
+        scratch.seen.resize(words, 0);
+    }
+    let ids = || request.prompt_ids.iter().chain(request.output_ids);
+    for &id in ids() {
+        let (word, bit) = (id as usize / 64, 1u64 << (id % 64));
+        if scratch.seen[word] & bit == 0 {
+            scratch.seen[word] |= bit;
+            let l = &mut scratch.logits[id as usize];
+            *l = if *l > 0.0 { *l / r } else { *l * r };
+        }
+    }
+    for &id in ids() {
+        scratch.seen[id as usize / 64] = 0;
+    }
+}
+
+/// The exactly-`k` best tokens (logit desc, id asc) among the finite logits, into `out`
+/// (unordered). Streams the row once: an element enters the buffer only if it beats the
+/// current k-th best; a full buffer is cut back to k with a linear-time selection, raising
+/// the threshold. Amortised O(1) per element.
+fn top_k_candidates(logits: &[f32], k: usize, out: &mut Vec<Cand>) {
+    let cap = (2 * k).max(k + 256);
+    let mut threshold = f32::NEG_INFINITY;
+    for (i, &l) in logits.iter().enumerate() {
+        // Strict: an element equal to the current k-th best has a higher id, so it ranks lower.
+        if l > threshold {
+            out.push(Cand {
+                logit: l,
+                id: i as u32,
+                w: 0.0,
+            });
+            if out.len() == cap {
+                out.select_nth_unstable_by(k - 1, better);
+                out.truncate(k);
+                threshold = out[k - 1].logit;
+            }
+        }
+    }
+    if out.len() > k {
+        out.select_nth_unstable_by(k - 1, better);
+        out.truncate(k);
+    }
+}
+
+/// Smallest-set top-p: rearranges `cand` so that `cand[..n]` is the shortest prefix, in the
+/// (logit desc, id asc) order, whose weight is `>= target` (f64), and returns `n`. A prefix
+/// that reaches the target exactly takes nothing more. Expected linear time (quickselect by
+/// mass with a median-of-three pivot).
+fn top_p_prefix(cand: &mut [Cand], mut target: f64) -> usize {
+    let (mut lo, mut hi) = (0usize, cand.len());
+    loop {
+        if hi - lo <= 32 {
+            let part = &mut cand[lo..hi];
+            part.sort_unstable_by(better);
+            let mut acc = 0.0f64;
+            for (j, c) in part.iter().enumerate() {
+                acc += f64::from(c.w);
+                if acc >= target {
+                    return lo + j + 1;
+                }
+            }
+            // Rounding left the total just below the target: keep everything.
+            return hi;
+        }
+        let mid = lo + (hi - lo) / 2;
+        let pivot_at = median_of_three(cand, lo, mid, hi - 1);
+        cand.swap(pivot_at, hi - 1);
+        let pivot = cand[hi - 1];
+        let mut store = lo;
+        let mut mass = 0.0f64;
+        for j in lo..hi - 1 {
+            if better(&cand[j], &pivot) == Ordering::Less {
+                mass += f64::from(cand[j].w);
+                cand.swap(store, j);
+                store += 1;
+            }
+        }
+        cand.swap(store, hi - 1);
+        // cand[lo..store] beats the pivot, now at `store`; cand[store+1..hi] is worse.
+        if mass >= target {
+            hi = store;
+        } else if mass + f64::from(pivot.w) >= target {
+            return store + 1;
+        } else {
+            target -= mass + f64::from(pivot.w);
+            lo = store + 1;
+        }
+    }
+}
+
+fn median_of_three(c: &[Cand], a: usize, b: usize, d: usize) -> usize {
+    let lt = |x: usize, y: usize| better(&c[x], &c[y]) == Ordering::Less;
+    if lt(a, b) {
+        if lt(b, d) {
+            b
+        } else if lt(a, d) {
+            d
+        } else {
+            a
+        }
+    } else if lt(a, d) {
+        a
+    } else if lt(b, d) {
+        d
+    } else {
+        b
+    }
+}
+
+/// The f64 sum of weights given in ascending id order: sequential within each chunk of
+/// [`CHUNK`] ids, then the chunk sums in order. Independent of how a row is split.
+fn chunked_sum(items: impl Iterator<Item = (usize, f32)>) -> f64 {
+    let mut total = 0.0f64;
+    let mut partial = 0.0f64;
+    let mut chunk = 0usize;
+    for (id, w) in items {
+        if id / CHUNK != chunk {
+            total += partial;
+            partial = 0.0;
+            chunk = id / CHUNK;
+        }
+        partial += f64::from(w);
+    }
+    total + partial
+}
+
+/// Inverse-CDF selection (step 11) over survivors in ascending id order: the first token whose
+/// cumulative weight exceeds `u * Z`; if rounding leaves the total below, the last token with
+/// non-zero weight. Chunk sums as in [`chunked_sum`] locate the chunk first.
+/// Returns (token, weight, Z, number of non-zero weights).
+fn select_sparse(cand: &[Cand], u: f64) -> (u32, f32, f64, usize) {
+    let z = chunked_sum(cand.iter().map(|c| (c.id as usize, c.w)));
+    let target = u * z;
+    let nonzero = cand.iter().filter(|c| c.w > 0.0).count();
+    let last = cand.iter().rev().find(|c| c.w > 0.0).unwrap_or(&cand[0]);
+    let mut acc = 0.0f64;
+    let mut start = 0usize;
+    while start < cand.len() {
+        let chunk = cand[start].id as usize / CHUNK;
+        let end = start
+            + cand[start..]
+                .iter()
+                .position(|c| c.id as usize / CHUNK != chunk)
+                .unwrap_or(cand.len() - start);
+        let part: f64 = cand[start..end].iter().map(|c| f64::from(c.w)).sum();
+        if acc + part > target {
+            let mut a = acc;
+            for c in &cand[start..end] {
+                a += f64::from(c.w);
+                if a > target {
+                    return (c.id, c.w, z, nonzero);
+                }
+            }
+        }
+        acc += part;
+        start = end;
+    }
+    (last.id, last.w, z, nonzero)
+}
+
+/// [`select_sparse`] over dense weights (zero for removed tokens); identical results.
+fn select_dense(w: &[f32], u: f64) -> (u32, f32, f64, usize) {
+    let z = chunked_sum(w.iter().copied().enumerate());
+    let target = u * z;
+    let nonzero = w.iter().filter(|&&x| x > 0.0).count();
+    let mut acc = 0.0f64;
+    for (c, chunk) in w.chunks(CHUNK).enumerate() {
+        let part: f64 = chunk.iter().map(|&x| f64::from(x)).sum();
+        if acc + part > target {
+            let mut a = acc;
+            for (j, &x) in chunk.iter().enumerate() {
+                a += f64::from(x);
+                if a > target {
+                    return ((c * CHUNK + j) as u32, x, z, nonzero);
+                }
+            }
+        }
+        acc += part;
+    }
+    let last = w.iter().rposition(|&x| x > 0.0).unwrap_or(0);
+    (last as u32, w[last], z, nonzero)
+}

@@ -1,0 +1,112 @@
+//! [`LogitsView`]: a checked, borrowed `[batch, row_len]` matrix of f32 logits.
+
+use crate::error::ShapeError;
+
+/// A borrowed logits matrix `[batch, row_len]`, f32, row-major, with a row stride.
+///
+/// Row `i` starts at `data[i * row_stride]` and holds `row_len` values, of which the first
+/// `vocab_size` are token ids; the ids `vocab_size..row_len` are padding (embedding tables
+/// rounded up, e.g. 151,936 rows for a 151,665-token tokenizer) and are never candidates.
+/// The shape is checked once, in [`LogitsView::new`].
+#[derive(Clone, Copy, Debug)]
+pub struct LogitsView<'a> {
+    data: &'a [f32],
+    batch: usize,
+    row_len: usize,
+    row_stride: usize,
+    vocab_size: usize,
+}
+
+impl<'a> LogitsView<'a> {
+    /// Wraps `data` as `[batch, row_len]` with `row_stride` elements between row starts.
+    ///
+    /// # Errors
+    /// [`ShapeError`] when `row_len > row_stride`, `vocab_size` is 0, above `row_len` or above
+    /// `u32::MAX`, or `data` is shorter than `(batch - 1) * row_stride + row_len`.
+    pub fn new(
+        data: &'a [f32],
+        batch: usize,
+        row_len: usize,
+        row_stride: usize,
+        vocab_size: usize,
+    ) -> Result<Self, ShapeError> {
+        if row_len > row_stride {
+            return Err(ShapeError::RowLongerThanStride {
+                row_len,
+                row_stride,
+            });
+        }
+        if vocab_size == 0 || vocab_size > row_len {
+            return Err(ShapeError::BadVocabSize {
+                vocab_size,
+                row_len,
+            });
+        }
+        if u32::try_from(vocab_size).is_err() {
+            return Err(ShapeError::VocabTooLarge { vocab_size });
+        }
+        let needed = if batch == 0 {
+            0
+        } else {
+            (batch - 1)
+                .checked_mul(row_stride)
+                .and_then(|n| n.checked_add(row_len))
+                .unwrap_or(usize::MAX)
+        };
+        if data.len() < needed {
+            return Err(ShapeError::DataTooShort {
+                len: data.len(),
+                batch,
+                row_stride,
+                row_len,
+                needed,
+            });
+        }
+        Ok(Self {
+            data,
+            batch,
+            row_len,
+            row_stride,
+            vocab_size,
+        })
+    }
+
+    /// A dense `[batch, vocab]` matrix: stride and row length equal `vocab`, no padding.
+    ///
+    /// # Errors
+    /// As [`LogitsView::new`].
+    pub fn dense(data: &'a [f32], batch: usize, vocab: usize) -> Result<Self, ShapeError> {
+        Self::new(data, batch, vocab, vocab, vocab)
+    }
+
+    /// Number of rows.
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+
+    /// Elements in a row (vocabulary plus padding).
+    pub fn row_len(&self) -> usize {
+        self.row_len
+    }
+
+    /// Elements between row starts.
+    pub fn row_stride(&self) -> usize {
+        self.row_stride
+    }
+
+    /// Token ids per row: ids `0..vocab_size` are candidates.
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// The candidate part of row `i`: `vocab_size` logits. Panics if `i >= batch`.
+    pub fn row(&self, i: usize) -> &'a [f32] {
+        assert!(
+            i < self.batch,
+            "row {i} out of range for batch {}",
+            self.batch
+        );
+        let start = i * self.row_stride;
+        &self.data[start..start + self.vocab_size]
+    }
+}
