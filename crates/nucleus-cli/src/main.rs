@@ -7,7 +7,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 use nucleus_engine::{hub, load_gguf, Engine, EngineConfig, FinishReason, Request, SamplingParams};
 
@@ -41,19 +41,19 @@ struct GenerateArgs {
     #[arg(long, default_value_t = 256)]
     max_tokens: usize,
     /// Softmax temperature; 0 is greedy.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     temperature: f64,
     /// Keep the k most likely tokens (0 or -1: off).
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     top_k: i64,
     /// Keep the smallest set of tokens whose probability reaches p (1: off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     top_p: f64,
     /// Repetition penalty over prompt and generated tokens (1: off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     repetition_penalty: f64,
     /// Seed of every request's random stream (default: drawn from the OS per request).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     seed: Option<u64>,
     /// Completions per prompt; sample j uses sample index j of the seed's stream.
     #[arg(long, default_value_t = 1)]
@@ -76,15 +76,24 @@ fn main() -> ExitCode {
         Command::Generate(args) => generate(args),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
+        // The reader went away (`nucleus generate ... | head`): stop quietly, as Unix tools do.
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            ExitCode::SUCCESS
+        }
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {e}");
             ExitCode::FAILURE
         }
     }
 }
 
-fn generate(args: GenerateArgs) -> Result<()> {
+/// Runs `nucleus generate`. Exit status 0 when every completion finished (eos, stop, length),
+/// 1 when any failed.
+fn generate(args: GenerateArgs) -> Result<ExitCode> {
     let params = SamplingParams {
         temperature: args.temperature,
         top_k: args.top_k,
@@ -94,12 +103,12 @@ fn generate(args: GenerateArgs) -> Result<()> {
     };
     params.validate()?;
     let path = hub::resolve_model(args.model.as_deref())?;
-    let loaded = load_gguf(&path, &candle_device())
-        .with_context(|| format!("loading {}", path.display()))?;
+    let loaded = load_gguf(&path, &candle_device())?;
     let mut engine = Engine::new(loaded.model, loaded.tokenizer, EngineConfig::default());
 
     let streaming = args.prompt.len() == 1 && args.n == 1;
     let mut ids = Vec::new();
+    let mut seeds = Vec::new();
     for prompt in &args.prompt {
         let info = engine.add_request(Request {
             params: params.clone(),
@@ -109,6 +118,7 @@ fn generate(args: GenerateArgs) -> Result<()> {
             ..Request::new(prompt.clone())
         })?;
         ids.push(info.request_id);
+        seeds.push(info.seed);
     }
 
     let stdout = std::io::stdout();
@@ -172,12 +182,24 @@ fn generate(args: GenerateArgs) -> Result<()> {
         rate(m.decode_tokens, m.decode_time),
         m.generated_tokens
     );
+    for (index, seed) in seeds.iter().enumerate() {
+        eprintln!("request {index}: seed {seed}");
+    }
     finished.sort_by_key(|f| (f.0, f.1));
+    let mut failed = false;
     for (request, sample, reason, tokens) in finished {
         let index = ids.iter().position(|&r| r == request).unwrap_or(0);
-        eprintln!("request {index} sample {sample}: finish reason {reason}, {tokens} tokens");
+        let plural = if tokens == 1 { "" } else { "s" };
+        eprintln!(
+            "request {index} sample {sample}: finish reason {reason}, {tokens} token{plural}"
+        );
+        failed |= matches!(reason, FinishReason::Error(_));
     }
-    Ok(())
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 fn candle_device() -> nucleus_engine::Device {

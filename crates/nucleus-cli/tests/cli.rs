@@ -3,8 +3,15 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+/// The shared stories260K model, else the default model through the hub cache.
 fn model_path() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models/stories260K.gguf")
+    let shared =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models/stories260K.gguf");
+    if shared.is_file() {
+        return shared;
+    }
+    nucleus_engine::hub::resolve_model(None)
+        .unwrap_or_else(|e| panic!("test model {} not found, and {e}", shared.display()))
 }
 
 fn nucleus(args: &[&str]) -> Output {
@@ -189,4 +196,118 @@ fn corrupt_model_is_a_short_error() {
         );
     }
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A copy of the model whose final norm is NaN: every logits row is NaN.
+fn nan_model(dst: &std::path::Path) {
+    use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
+    use candle_core::{Device, Tensor};
+    let mut reader = std::io::BufReader::new(std::fs::File::open(model_path()).unwrap());
+    let content = gguf_file::Content::read(&mut reader).unwrap();
+    let mut tensors = Vec::new();
+    for name in content.tensor_infos.keys() {
+        let mut t = content.tensor(&mut reader, name, &Device::Cpu).unwrap();
+        if name == "output_norm.weight" {
+            let n = t.shape().elem_count();
+            let nan = Tensor::from_vec(vec![f32::NAN; n], n, &Device::Cpu).unwrap();
+            t = QTensor::quantize(&nan, GgmlDType::F32).unwrap();
+        }
+        tensors.push((name.clone(), t));
+    }
+    let md: Vec<(&str, &gguf_file::Value)> = content
+        .metadata
+        .iter()
+        .map(|(k, v)| (k.as_str(), v))
+        .collect();
+    let ts: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let mut out = std::fs::File::create(dst).unwrap();
+    gguf_file::write(&mut out, &md, &ts).unwrap();
+}
+
+#[test]
+fn failed_completions_are_reported_and_exit_nonzero() {
+    let path = std::env::temp_dir().join(format!("nucleus-cli-nan-{}.gguf", std::process::id()));
+    nan_model(&path);
+    let out = nucleus(&[
+        "generate",
+        "--prompt",
+        "Once",
+        "--model",
+        path.to_str().unwrap(),
+    ]);
+    std::fs::remove_file(&path).ok();
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("request 0 sample 0: finish reason error: non-finite logit NaN"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn corrupt_model_error_is_one_line_even_with_rust_backtrace() {
+    let path = std::env::temp_dir().join(format!("nucleus-cli-text-{}.gguf", std::process::id()));
+    std::fs::write(&path, b"GGUF but not really a model file at all").unwrap();
+    let out = nucleus(&[
+        "generate",
+        "--prompt",
+        "x",
+        "--model",
+        path.to_str().unwrap(),
+    ]);
+    std::fs::remove_file(&path).ok();
+    assert_clean_failure(&out);
+    let err = text(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+#[test]
+fn negative_numbers_get_range_errors_and_seeds_are_reported() {
+    let model = model_path();
+    let model = model.to_str().unwrap();
+    let out = nucleus(&[
+        "generate",
+        "--model",
+        model,
+        "--prompt",
+        "x",
+        "--temperature",
+        "-1",
+    ]);
+    assert_clean_failure(&out);
+    assert!(
+        text(&out.stderr).contains("temperature"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = nucleus(&[
+        "generate", "--model", model, "--prompt", "x", "--n", "100000",
+    ]);
+    assert_clean_failure(&out);
+    assert!(
+        text(&out.stderr).contains("n must be in 1..=1024"),
+        "{}",
+        text(&out.stderr)
+    );
+    // Without --seed the drawn seed is printed, and passing it back reproduces the text.
+    let args = [
+        "generate",
+        "--model",
+        model,
+        "--prompt",
+        "Tom",
+        "--max-tokens",
+        "20",
+    ];
+    let first = nucleus(&args);
+    assert!(first.status.success());
+    let err = text(&first.stderr);
+    let seed = err
+        .lines()
+        .find_map(|l| l.strip_prefix("request 0: seed "))
+        .unwrap_or_else(|| panic!("no seed line in {err}"))
+        .to_string();
+    let again = nucleus(&[&args[..], &["--seed", &seed]].concat());
+    assert_eq!(text(&again.stdout), text(&first.stdout));
 }

@@ -21,6 +21,9 @@ use crate::kv_cache::KvCache;
 use crate::model::{LlamaModel, SeqInput};
 use crate::tokenizer::GgufTokenizer;
 
+/// The most samples one request may ask for: each sample keeps its own KV cache.
+pub const MAX_SAMPLES_PER_REQUEST: usize = 1024;
+
 /// The prompt of a request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Prompt {
@@ -45,7 +48,8 @@ pub struct Request {
     /// Strings that end a sample with [`FinishReason::Stop`]; the text stops before the first
     /// one (not included), as in vLLM and the OpenAI API.
     pub stop_strings: Vec<String>,
-    /// Samples to draw for this prompt (>= 1): sample `j` uses sample index `j`.
+    /// Samples to draw for this prompt, 1 to [`MAX_SAMPLES_PER_REQUEST`]: sample `j` uses
+    /// sample index `j`.
     pub n: usize,
     /// Do not stop at the tokenizer's EOS.
     pub ignore_eos: bool,
@@ -241,8 +245,8 @@ impl Engine {
     ///
     /// # Errors
     /// [`EngineError::InvalidRequest`] for bad sampling parameters, `max_tokens == 0`,
-    /// `n == 0`, an empty prompt, a prompt id outside the vocabulary, or a prompt that fills
-    /// the model's context; [`EngineError::Tokenizer`]; [`EngineError::Sampling`] when no
+    /// `n` outside `1..=MAX_SAMPLES_PER_REQUEST`, an empty prompt, a prompt or stop token id
+    /// outside the vocabulary, or a prompt that fills the model's context; [`EngineError::Tokenizer`]; [`EngineError::Sampling`] when no
     /// seed was given and the OS gave none.
     pub fn add_request(&mut self, request: Request) -> Result<RequestInfo> {
         let invalid = |m: String| Err(EngineError::InvalidRequest(m));
@@ -252,8 +256,21 @@ impl Engine {
         if request.max_tokens == 0 {
             return invalid("max_tokens must be at least 1".into());
         }
-        if request.n == 0 || request.n > u32::MAX as usize {
-            return invalid(format!("n must be in 1..={}, got {}", u32::MAX, request.n));
+        if request.n == 0 || request.n > MAX_SAMPLES_PER_REQUEST {
+            return invalid(format!(
+                "n must be in 1..={MAX_SAMPLES_PER_REQUEST}, got {}",
+                request.n
+            ));
+        }
+        if let Some(&bad) = request
+            .stop_token_ids
+            .iter()
+            .find(|&&id| id as usize >= self.vocab_size)
+        {
+            return invalid(format!(
+                "stop token id {bad} is not below the vocabulary size {}",
+                self.vocab_size
+            ));
         }
         let prompt_ids = match &request.prompt {
             Prompt::Text(text) => self.encode(text)?,
@@ -274,7 +291,8 @@ impl Engine {
         let context = self.model.config().context_length;
         if prompt_ids.len() >= context {
             return invalid(format!(
-                "the prompt has {} tokens; the model's context holds {context}",
+                "the prompt has {} tokens, which leaves no room to generate in the model's \
+                 context of {context} tokens",
                 prompt_ids.len()
             ));
         }
@@ -320,7 +338,9 @@ impl Engine {
         })
     }
 
-    /// Drops every sample of a request. Returns whether it was running.
+    /// Drops every sample of a request at once; no further [`StepOutput`] is produced for it
+    /// (text held back for a possible stop string is discarded). Returns whether it was
+    /// running.
     pub fn abort(&mut self, request_id: u64) -> bool {
         let before = self.seqs.len();
         self.seqs.retain(|s| s.request_id != request_id);

@@ -31,7 +31,7 @@ pub enum EngineError {
     #[error("tokenizer error: {0}")]
     Tokenizer(String),
     /// A tensor operation failed (shapes, dtypes): a bug or a malformed model.
-    #[error("tensor error: {0}")]
+    #[error("tensor error: {}", candle_message(.0))]
     Candle(#[from] candle_core::Error),
     /// A request was malformed (bad parameters, empty prompt without BOS, too long).
     #[error("invalid request: {0}")]
@@ -43,3 +43,15 @@ pub enum EngineError {
 
 /// `Result` with [`EngineError`].
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+/// The message of a candle error without the backtrace candle attaches when `RUST_BACKTRACE`
+/// is set: errors are one line for the user.
+pub(crate) fn candle_message(e: &candle_core::Error) -> String {
+    use candle_core::Error as E;
+    match e {
+        E::WithBacktrace { inner, .. } => candle_message(inner),
+        E::Context { inner, context } => format!("{context}: {}", candle_message(inner)),
+        E::WithPath { inner, path } => format!("{}: {}", path.display(), candle_message(inner)),
+        other => other.to_string().replace('\n', "; "),
+    }
+}

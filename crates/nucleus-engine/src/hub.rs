@@ -11,22 +11,30 @@ pub const DEFAULT_FILE: &str = "tinyllamas/stories260K.gguf";
 /// The environment variable naming a model file.
 pub const MODEL_ENV: &str = "NUCLEUS_MODEL";
 
-/// Resolves the model file: `explicit` if given, else `$NUCLEUS_MODEL`, else
+/// Resolves the model file: `explicit` if given, else `$NUCLEUS_MODEL` (when set and not
+/// empty), else
 /// [`DEFAULT_FILE`] from [`DEFAULT_REPO`] through the hf-hub cache (downloading it once).
 ///
 /// # Errors
 /// [`EngineError::ModelNotFound`] when the given path does not exist, or when no path was
 /// given and the hub cannot be reached (offline); the message says to pass `--model`.
 pub fn resolve_model(explicit: Option<&Path>) -> Result<PathBuf> {
-    let given = explicit
-        .map(Path::to_path_buf)
-        .or_else(|| std::env::var_os(MODEL_ENV).map(PathBuf::from));
+    let given = explicit.map(Path::to_path_buf).or_else(|| {
+        std::env::var_os(MODEL_ENV)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    });
     if let Some(path) = given {
         if path.is_file() {
             return Ok(path);
         }
+        let what = if path.is_dir() {
+            "is a directory, not a GGUF file"
+        } else {
+            "does not exist"
+        };
         return Err(EngineError::ModelNotFound(format!(
-            "{} does not exist or is not a file",
+            "{} {what}",
             path.display()
         )));
     }

@@ -1,6 +1,42 @@
 //! # nucleus-engine
 //!
-//! Models and the generation loop around nucleus-sampling.
+//! Models and the generation loop around nucleus-sampling: what runs between the user's
+//! request and the logits, and between the sampled token and the streamed text.
+//!
+//! - [`load_gguf`] reads a GGUF file (llama.cpp's format) with candle-core's reader: a
+//!   Llama-architecture [`LlamaModel`] (f32 or any quantized type candle supports, through its
+//!   quantized matmul) and its tokenizer from the metadata, [`GgufTokenizer`] (`llama`
+//!   SentencePiece BPE with byte fallback, or `gpt2` byte-level BPE).
+//! - [`LlamaModel::forward`] runs the new tokens of many sequences in one pass: the linear
+//!   layers on all rows at once, attention per sequence over its own [`KvCache`].
+//! - [`Engine`] takes [`Request`]s (prompt, [`SamplingParams`], max_tokens, stop token ids,
+//!   stop strings, n) and advances every live sequence one token per [`Engine::step`], sampling
+//!   all rows with one `nucleus_sampling::sample_batch` call; requests join and leave between
+//!   steps. Text is detokenised incrementally ([`detokenize`]).
+//! - [`hub::resolve_model`] finds a model: a path, `$NUCLEUS_MODEL`, or the hub cache.
+//!
+//! A generation loop:
+//!
+//! ```no_run
+//! use nucleus_engine::{load_gguf, Device, Engine, EngineConfig, Request, SamplingParams};
+//!
+//! let loaded = load_gguf("stories260K.gguf".as_ref(), &Device::Cpu)?;
+//! let mut engine = Engine::new(loaded.model, loaded.tokenizer, EngineConfig::default());
+//! engine.add_request(Request {
+//!     params: SamplingParams { temperature: 0.8, top_p: 0.9, seed: Some(42), ..Default::default() },
+//!     max_tokens: 64,
+//!     ..Request::new("Once upon a time")
+//! })?;
+//! while engine.has_unfinished() {
+//!     for out in engine.step()? {
+//!         print!("{}", out.text);
+//!         if let Some(reason) = out.finish {
+//!             println!("\n[{reason}]");
+//!         }
+//!     }
+//! }
+//! # Ok::<(), nucleus_engine::EngineError>(())
+//! ```
 
 pub mod detokenize;
 pub mod engine;
@@ -14,6 +50,7 @@ pub mod tokenizer;
 pub use candle_core::Device;
 pub use engine::{
     Engine, EngineConfig, FinishReason, Metrics, Prompt, Request, RequestInfo, StepOutput,
+    MAX_SAMPLES_PER_REQUEST,
 };
 pub use error::{EngineError, Result};
 pub use kv_cache::KvCache;

@@ -14,6 +14,7 @@ use std::path::Path;
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::Device;
 
+use crate::error::candle_message;
 use crate::error::{EngineError, Result};
 use crate::model::LlamaModel;
 use crate::tokenizer::GgufTokenizer;
@@ -79,7 +80,10 @@ fn read_content(reader: &mut BufReader<File>, path: &Path) -> Result<gguf_file::
     }));
     match parsed {
         Ok(Ok(content)) => Ok(content),
-        Ok(Err(e)) => Err(invalid(path, format!("not a readable GGUF file: {e}"))),
+        Ok(Err(e)) => Err(invalid(
+            path,
+            format!("not a readable GGUF file: {}", candle_message(&e)),
+        )),
         Err(panic) => {
             let what = panic
                 .downcast_ref::<&str>()

@@ -39,6 +39,7 @@ use std::path::Path;
 use candle_core::quantized::{gguf_file, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
+use crate::error::candle_message;
 use crate::error::{EngineError, Result};
 use crate::kv_cache::KvCache;
 use crate::load::{invalid, md_f64, md_str, md_u64, md_usize};
@@ -690,13 +691,21 @@ impl TensorLoader<'_> {
                 format!("tensor `{name}` of shape {dims:?} is too large"),
             ));
         }
-        self.content
-            .tensor(reader, name, self.device)
-            .map_err(|e| invalid(self.path, format!("tensor `{name}`: {e}")))
+        self.content.tensor(reader, name, self.device).map_err(|e| {
+            invalid(
+                self.path,
+                format!("tensor `{name}`: {}", candle_message(&e)),
+            )
+        })
     }
 
     fn matmul(&self, q: QTensor, name: &str) -> Result<QMatMul> {
-        QMatMul::from_qtensor(q).map_err(|e| invalid(self.path, format!("tensor `{name}`: {e}")))
+        QMatMul::from_qtensor(q).map_err(|e| {
+            invalid(
+                self.path,
+                format!("tensor `{name}`: {}", candle_message(&e)),
+            )
+        })
     }
 }
 

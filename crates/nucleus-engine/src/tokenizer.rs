@@ -47,6 +47,7 @@ use tokenizers::normalizers::{NormalizerWrapper, Prepend, Replace, Sequence as N
 use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::{AddedToken, Tokenizer};
 
+use crate::error::candle_message;
 use crate::error::{EngineError, Result};
 use crate::load::{md_array, md_bool, md_str, value_to_u64};
 
@@ -402,7 +403,7 @@ fn bos_eos_template(
 /// The `tokenizer.ggml.model = "gpt2"` tokenizer, built by candle.
 fn gpt2_tokenizer(content: &gguf_file::Content) -> Result<GgufTokenizer> {
     let n = token_strings(content)?.len();
-    let tokenizer = Tokenizer::from_gguf(content).map_err(|e| tok_err(e.to_string()))?;
+    let tokenizer = Tokenizer::from_gguf(content).map_err(|e| tok_err(candle_message(&e)))?;
     Ok(GgufTokenizer {
         tokenizer,
         bos_token_id: special_id(content, "tokenizer.ggml.bos_token_id", n)?,

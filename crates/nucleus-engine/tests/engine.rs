@@ -1,6 +1,8 @@
 //! The generation loop on the real stories260K model: greedy text, batching, n > 1, stop
 //! conditions, requests joining between steps, incremental detokenisation.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -11,7 +13,7 @@ use nucleus_engine::{Device, Engine, EngineConfig, FinishReason, Prompt, Request
 const GREEDY_FROM_BOS: &str = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, red ball. She wanted to play with it, but it was too high.";
 
 fn model_path() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models/stories260K.gguf")
+    common::stories260k()
 }
 
 fn engine(capture_logits: bool) -> Engine {
@@ -358,5 +360,69 @@ fn bad_requests_are_typed_errors() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("100000"), "{err}");
+    let err = e
+        .add_request(Request {
+            n: nucleus_engine::MAX_SAMPLES_PER_REQUEST + 1,
+            ..Request::new("x")
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("n must be in 1..=1024"), "{err}");
+    let err = e
+        .add_request(Request {
+            stop_token_ids: vec![9999],
+            ..Request::new("x")
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("stop token id 9999"), "{err}");
     assert!(!e.has_unfinished());
+}
+
+#[test]
+fn a_request_with_nan_logits_fails_alone() {
+    // A copy of the model whose embedding row of the first piece of "Tom" is NaN: any sequence
+    // containing it
+    // gets NaN logits. That request ends with an error; its neighbour goes on unchanged.
+    let src = model_path();
+    let dst = common::temp_path("nan-tom.gguf");
+    let _cleanup = common::TempFile(dst.clone());
+    let probe = engine(false);
+    let tom = probe.encode("Tom had a dog").unwrap()[1];
+    let vocab = probe.model().config().vocab_size;
+    common::rewrite_gguf(
+        &src,
+        &dst,
+        |_| {},
+        |name, t| {
+            if name != "token_embd.weight" {
+                return Ok(Some(t));
+            }
+            let w = t.dequantize(&Device::Cpu)?;
+            let dim = w.dims()[1];
+            let mut v = w.flatten_all()?.to_vec1::<f32>()?;
+            v[tom as usize * dim..(tom as usize + 1) * dim].fill(f32::NAN);
+            let w = candle_core::Tensor::from_vec(v, (vocab, dim), &Device::Cpu)?;
+            Ok(Some(candle_core::quantized::QTensor::quantize(
+                &w,
+                candle_core::quantized::GgmlDType::F32,
+            )?))
+        },
+    )
+    .unwrap();
+    let loaded = load_gguf(&dst, &Device::Cpu).unwrap();
+    let mut e = Engine::new(loaded.model, loaded.tokenizer, EngineConfig::default());
+    e.add_request(greedy("Tom had a dog", 10)).unwrap();
+    e.add_request(greedy("", 10)).unwrap();
+    let runs = run_to_end(&mut e);
+    let (t0, _, f0, _) = &runs[&(0, 0)];
+    assert!(t0.is_empty());
+    match f0 {
+        Some(FinishReason::Error(m)) => assert!(m.contains("non-finite logit"), "{m}"),
+        other => panic!("expected an error, got {other:?}"),
+    }
+    let (t1, text1, f1, _) = &runs[&(1, 0)];
+    assert_eq!(t1.len(), 10);
+    assert_eq!(f1, &Some(FinishReason::Length));
+    assert!(GREEDY_FROM_BOS.starts_with(text1.as_str()), "{text1:?}");
 }

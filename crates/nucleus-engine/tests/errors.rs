@@ -19,9 +19,7 @@ fn expect_invalid_model(result: nucleus_engine::Result<LoadedModel>, what: &str)
 
 #[test]
 fn truncated_files_are_invalid_models() -> Result<()> {
-    let Some(path) = common::stories260k() else {
-        return Ok(());
-    };
+    let path = common::stories260k();
     let bytes = std::fs::read(&path)?;
     // Inside the magic, the header counts, the metadata (tokens), the tensor infos, the tensor
     // data, and one byte short of the end.
@@ -45,9 +43,7 @@ fn truncated_files_are_invalid_models() -> Result<()> {
 
 #[test]
 fn zero_alignment_is_an_invalid_model_not_a_panic() -> Result<()> {
-    let Some(path) = common::stories260k() else {
-        return Ok(());
-    };
+    let path = common::stories260k();
     // candle's parser divides by `general.alignment`.
     let file = TempFile(common::temp_path("align0.gguf"));
     common::rewrite_gguf(
@@ -80,9 +76,7 @@ fn non_gguf_and_missing_files() -> Result<()> {
 
 #[test]
 fn missing_tensor_wrong_shape_and_missing_key_are_named() -> Result<()> {
-    let Some(path) = common::stories260k() else {
-        return Ok(());
-    };
+    let path = common::stories260k();
     let file = TempFile(common::temp_path("no-ffn-up.gguf"));
     common::rewrite_gguf(
         &path,
@@ -138,9 +132,7 @@ fn missing_tensor_wrong_shape_and_missing_key_are_named() -> Result<()> {
 
 #[test]
 fn other_architectures_and_tokenizers_are_unsupported() -> Result<()> {
-    let Some(path) = common::stories260k() else {
-        return Ok(());
-    };
+    let path = common::stories260k();
     let file = TempFile(common::temp_path("falcon.gguf"));
     common::rewrite_gguf(
         &path,
@@ -181,9 +173,7 @@ fn other_architectures_and_tokenizers_are_unsupported() -> Result<()> {
 
 #[test]
 fn bad_requests_are_errors_and_change_no_cache() -> Result<()> {
-    let Some(path) = common::stories260k() else {
-        return Ok(());
-    };
+    let path = common::stories260k();
     // The same model with a context length of 16.
     let file = TempFile(common::temp_path("ctx16.gguf"));
     common::rewrite_gguf(

@@ -12,9 +12,7 @@ use candle_core::Device;
 use nucleus_engine::{load_gguf, EngineError, GgufTokenizer, TokenizerKind};
 
 fn stories_tokenizer() -> Result<Option<GgufTokenizer>> {
-    let Some(path) = common::stories260k() else {
-        return Ok(None);
-    };
+    let path = common::stories260k();
     Ok(Some(load_gguf(&path, &Device::Cpu)?.tokenizer))
 }
 

@@ -43,6 +43,17 @@ pub enum SampleError {
     /// A parameter is out of range.
     #[error(transparent)]
     InvalidParams(#[from] ParamError),
+    /// The repetition penalty turned a finite logit into a non-finite value: a penalty so close
+    /// to 0, or so large, that `l / r` or `l * r` leaves the f32 range.
+    #[error("repetition_penalty {penalty} takes the logit {logit} of token id {token_id} out of the f32 range")]
+    PenaltyOverflow {
+        /// The token whose logit overflowed.
+        token_id: u32,
+        /// Its logit before the penalty.
+        logit: f32,
+        /// The penalty.
+        penalty: f64,
+    },
     /// No seed was given and the operating system's entropy source failed.
     #[error("no seed given and none could be drawn from the OS: {0}")]
     SeedUnavailable(String),

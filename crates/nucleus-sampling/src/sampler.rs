@@ -136,6 +136,7 @@ pub fn sample_batch(
 /// - [`SampleError::TokenIdOutOfRange`]: a prompt or output id `>= row.len()`.
 /// - [`SampleError::NonFiniteLogits`]: a NaN or +inf logit.
 /// - [`SampleError::NoCandidates`]: every logit is -inf, or the row is empty.
+/// - [`SampleError::PenaltyOverflow`]: the repetition penalty took a logit out of the f32 range.
 /// - [`SampleError::SeedUnavailable`]: no seed was given and the OS gave none.
 pub fn sample_row(row: &[f32], request: &SampleRequest<'_>) -> Result<SampleOutput, SampleError> {
     let seed = match request.params.seed {
@@ -301,7 +302,7 @@ fn prepare(
     let penalise = params.repetition_penalty != 1.0
         && !(request.prompt_ids.is_empty() && request.output_ids.is_empty());
     let logits: &[f32] = if penalise {
-        apply_repetition_penalty(row, request, params.repetition_penalty, scratch);
+        apply_repetition_penalty(row, request, params.repetition_penalty, scratch)?;
         &scratch.logits[..vocab]
     } else {
         row
@@ -322,7 +323,7 @@ fn prepare(
 
     // Step 7: temperature, `(l - max) / T` in f32.
     let t = params.temperature as f32;
-    let weight = |l: f32| ((l - max) / t).exp();
+    let weight = |l: f32| scaled(l, max, t, params.temperature).exp();
 
     // Step 9: top-k.
     let top_k = usize::try_from(params.top_k).unwrap_or(0);
@@ -392,6 +393,22 @@ fn prepare(
     })
 }
 
+/// `(l - max) / T` in f32 (step 7). Two edges keep it exact for every finite input: -inf stays
+/// -inf (so a temperature beyond the f32 range, where `T as f32` is inf, cannot make
+/// `-inf / inf = NaN`), and a difference that overflows f32 (logits near ±f32::MAX) is formed
+/// in f64.
+#[inline]
+fn scaled(l: f32, max: f32, t: f32, t64: f64) -> f32 {
+    let d = l - max;
+    if d == f32::NEG_INFINITY {
+        if l == f32::NEG_INFINITY {
+            return f32::NEG_INFINITY;
+        }
+        return ((f64::from(l) - f64::from(max)) / t64) as f32;
+    }
+    d / t
+}
+
 fn dense_weights(buf: &mut Vec<f32>, vocab: usize) -> &mut [f32] {
     if buf.len() < vocab {
         buf.resize(vocab, 0.0);
@@ -405,12 +422,15 @@ fn max_of(values: &[f32]) -> f32 {
 
 /// Copies `row` into `scratch.logits` and applies `l > 0 ? l / r : l * r` once to each distinct
 /// id of prompt + output (CTRL; Hugging Face's `RepetitionPenaltyLogitsProcessor`).
+///
+/// # Errors
+/// [`SampleError::PenaltyOverflow`] when a finite logit leaves the f32 range.
 fn apply_repetition_penalty(
     row: &[f32],
     request: &SampleRequest<'_>,
     penalty: f64,
     scratch: &mut Scratch,
-) {
+) -> Result<(), SampleError> {
     let r = penalty as f32;
     scratch.logits.clear();
     scratch.logits.extend_from_slice(row);
@@ -419,17 +439,27 @@ fn apply_repetition_penalty(
         scratch.seen.resize(words, 0);
     }
     let ids = || request.prompt_ids.iter().chain(request.output_ids);
+    let mut overflow = None;
     for &id in ids() {
         let (word, bit) = (id as usize / 64, 1u64 << (id % 64));
         if scratch.seen[word] & bit == 0 {
             scratch.seen[word] |= bit;
             let l = &mut scratch.logits[id as usize];
-            *l = if *l > 0.0 { *l / r } else { *l * r };
+            let before = *l;
+            *l = if before > 0.0 { before / r } else { before * r };
+            if before.is_finite() && !l.is_finite() && overflow.is_none() {
+                overflow = Some(SampleError::PenaltyOverflow {
+                    token_id: id,
+                    logit: before,
+                    penalty,
+                });
+            }
         }
     }
     for &id in ids() {
         scratch.seen[id as usize / 64] = 0;
     }
+    overflow.map_or(Ok(()), Err)
 }
 
 /// The exactly-`k` best tokens (logit desc, id asc) among the finite logits, into `out`

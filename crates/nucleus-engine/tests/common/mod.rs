@@ -3,32 +3,21 @@
 
 use std::path::{Path, PathBuf};
 
-/// Environment variable that lets the model tests skip (with a printed note) when the shared
-/// model file is absent. Without it a missing model fails the test: CI has the file.
-pub const ALLOW_MISSING: &str = "NUCLEUS_ALLOW_MISSING_MODEL";
-
-/// The stories260K GGUF in the shared data directory (`/work/shared/models/` next to the repo),
-/// or `None` (after printing a note) when it is absent and `NUCLEUS_ALLOW_MISSING_MODEL` is set.
+/// The stories260K GGUF in the shared data directory (`../shared/models/` next to the repo),
+/// else the default model through the Hugging Face hub cache ([`nucleus_engine::hub`]).
 ///
 /// # Panics
-/// When the file is absent and the variable is not set.
-pub fn stories260k() -> Option<PathBuf> {
+/// When neither is there: the model tests never skip.
+pub fn stories260k() -> PathBuf {
     let path =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models/stories260K.gguf");
     if path.is_file() {
-        return Some(path);
+        return path;
     }
-    if std::env::var_os(ALLOW_MISSING).is_some() {
-        eprintln!(
-            "note: {} not found; skipping this test because {ALLOW_MISSING} is set",
-            path.display()
-        );
-        return None;
+    match nucleus_engine::hub::resolve_model(None) {
+        Ok(cached) => cached,
+        Err(e) => panic!("test model {} not found, and {e}", path.display()),
     }
-    panic!(
-        "test model {} not found (set {ALLOW_MISSING}=1 to skip the model tests)",
-        path.display()
-    );
 }
 
 /// A fresh path in the system temp directory, unique to this process and `tag`.
