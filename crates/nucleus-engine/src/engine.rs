@@ -493,23 +493,26 @@ fn advance(
     text: &mut String,
 ) -> Option<FinishReason> {
     let tok = &tokenizer.tokenizer;
-    let flush = |seq: &mut Sequence, text: &mut String| match seq.decoder.finish(tok) {
-        Ok(rest) => {
-            let check = seq.stops.push(&rest);
-            text.push_str(&check.text);
-            if !check.stopped {
-                text.push_str(&seq.stops.take_pending());
-            }
+    // Ends the sample: releases the text held back (an incomplete UTF-8 tail, a possible stop
+    // string prefix). A stop string completed by that tail makes the reason `Stop`.
+    let finish = |seq: &mut Sequence, text: &mut String, reason: FinishReason| {
+        let rest = match seq.decoder.finish(tok) {
+            Ok(rest) => rest,
+            Err(e) => return FinishReason::Error(e.to_string()),
+        };
+        let check = seq.stops.push(&rest);
+        text.push_str(&check.text);
+        if check.stopped {
+            return FinishReason::Stop;
         }
-        Err(e) => text.push_str(&format!("<{e}>")),
+        text.push_str(&seq.stops.take_pending());
+        reason
     };
     if Some(token) == seq.eos_token_id {
-        flush(seq, text);
-        return Some(FinishReason::Eos);
+        return Some(finish(seq, text, FinishReason::Eos));
     }
     if seq.stop_token_ids.contains(&token) {
-        flush(seq, text);
-        return Some(FinishReason::Stop);
+        return Some(finish(seq, text, FinishReason::Stop));
     }
     match seq.decoder.push(tok, token) {
         Ok(delta) => {
@@ -523,8 +526,7 @@ fn advance(
     }
     let len = seq.prompt_ids.len() + seq.output_ids.len();
     if seq.output_ids.len() >= seq.max_tokens || len >= context {
-        flush(seq, text);
-        return Some(FinishReason::Length);
+        return Some(finish(seq, text, FinishReason::Length));
     }
     seq.pending.push(token);
     None

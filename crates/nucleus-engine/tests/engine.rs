@@ -426,3 +426,33 @@ fn a_request_with_nan_logits_fails_alone() {
     assert_eq!(f1, &Some(FinishReason::Length));
     assert!(GREEDY_FROM_BOS.starts_with(text1.as_str()), "{text1:?}");
 }
+
+#[test]
+fn text_held_back_for_a_possible_stop_string_is_released_at_the_end() {
+    // Greedy from BOS reaches "... there was a little" after n tokens; with the stop string
+    // "little boy" the word "little" is held back (it may begin the stop string) until the
+    // request ends by length, and then released.
+    let mut e = engine(false);
+    e.add_request(greedy("", 20)).unwrap();
+    let tokens = run_to_end(&mut e)[&(0, 0)].0.clone();
+    let n = (1..=tokens.len())
+        .find(|&n| e.decode(&tokens[..n]).unwrap().ends_with("a little"))
+        .expect("the story says 'a little' early");
+    e.add_request(Request {
+        stop_strings: vec!["little boy".into()],
+        ..greedy("", n)
+    })
+    .unwrap();
+    let mut deltas = Vec::new();
+    let mut finish = None;
+    while e.has_unfinished() {
+        for out in e.step().unwrap() {
+            deltas.push(out.text);
+            finish = finish.or(out.finish);
+        }
+    }
+    assert_eq!(finish, Some(FinishReason::Length));
+    assert_eq!(deltas.concat(), "Once upon a time, there was a little");
+    // "little" arrived in the last step's text, not before.
+    assert!(deltas.last().unwrap().ends_with("little"), "{deltas:?}");
+}
