@@ -74,7 +74,7 @@ fn greedy_generate_prints_the_story_and_stats() {
 #[test]
 fn several_prompts_print_whole_completions_under_headers() {
     let model = model_path();
-    let out = nucleus(&[
+    let args = [
         "generate",
         "--model",
         model.to_str().unwrap(),
@@ -88,7 +88,8 @@ fn several_prompts_print_whole_completions_under_headers() {
         "42",
         "--max-tokens",
         "20",
-    ]);
+    ];
+    let out = nucleus(&args);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     for header in [
@@ -102,21 +103,7 @@ fn several_prompts_print_whole_completions_under_headers() {
     let stderr = text(&out.stderr);
     assert_eq!(stderr.matches("finish reason").count(), 4, "{stderr}");
     // Same seed, same prompts: the same output again.
-    let again = nucleus(&[
-        "generate",
-        "--model",
-        model.to_str().unwrap(),
-        "--prompt",
-        "",
-        "--prompt",
-        "Tom had a dog",
-        "--n",
-        "2",
-        "--seed",
-        "42",
-        "--max-tokens",
-        "20",
-    ]);
+    let again = nucleus(&args);
     assert_eq!(text(&again.stdout), stdout);
 }
 
