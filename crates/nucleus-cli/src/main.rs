@@ -100,6 +100,7 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
         top_p: args.top_p,
         repetition_penalty: args.repetition_penalty,
         seed: args.seed,
+        ..Default::default()
     };
     params.validate()?;
     let path = hub::resolve_model(args.model.as_deref())?;

@@ -160,6 +160,8 @@ struct Sequence {
     max_tokens: usize,
     stop_token_ids: Vec<u32>,
     eos_token_id: Option<u32>,
+    /// EOS and stop ids: banned by the sampler until `params.min_tokens` are generated.
+    end_ids: Vec<u32>,
     decoder: IncrementalDecoder,
     stops: StopStrings,
 }
@@ -327,6 +329,10 @@ impl Engine {
                 max_tokens: request.max_tokens,
                 stop_token_ids: request.stop_token_ids.clone(),
                 eos_token_id,
+                end_ids: eos_token_id
+                    .into_iter()
+                    .chain(request.stop_token_ids.iter().copied())
+                    .collect(),
                 decoder: IncrementalDecoder::new(&prompt_ids),
                 stops: StopStrings::new(&request.stop_strings),
             });
@@ -427,6 +433,7 @@ impl Engine {
                     output_ids: &s.output_ids,
                     position: (s.prompt_ids.len() + s.output_ids.len()) as u64,
                     sample_index: s.sample_index,
+                    stop_token_ids: &s.end_ids,
                 }
             })
             .collect();

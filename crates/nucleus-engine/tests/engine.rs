@@ -107,6 +107,7 @@ fn eight_requests() -> Vec<Request> {
                     top_p: [1.0, 0.9, 0.8, 0.95][(i / 2) % 4],
                     repetition_penalty: [1.0, 1.1][i % 2],
                     seed: Some(1000 + i as u64),
+                    ..Default::default()
                 }
             };
             Request {

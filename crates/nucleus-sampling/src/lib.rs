@@ -52,6 +52,6 @@ mod sampler;
 mod view;
 
 pub use error::{ParamError, SampleError, ShapeError};
-pub use params::{SamplingParams, GREEDY_TEMPERATURE};
+pub use params::{SamplingParams, GREEDY_TEMPERATURE, LOGIT_BIAS_LIMIT};
 pub use sampler::{distribution, os_seed, sample_batch, sample_row, SampleOutput, SampleRequest};
 pub use view::LogitsView;

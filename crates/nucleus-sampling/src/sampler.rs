@@ -29,7 +29,7 @@ use std::cmp::Ordering;
 use rayon::prelude::*;
 
 use crate::error::{SampleError, ShapeError};
-use crate::params::SamplingParams;
+use crate::params::{SamplingParams, LOGIT_BIAS_LIMIT};
 use crate::philox;
 use crate::view::LogitsView;
 
@@ -54,6 +54,9 @@ pub struct SampleRequest<'a> {
     pub position: u64,
     /// Which of the request's `n` samples this is: the Philox counter's third word.
     pub sample_index: u32,
+    /// The request's EOS and stop token ids: banned while fewer than `params.min_tokens`
+    /// tokens have been generated (spec step 3). Each must be below `vocab_size`.
+    pub stop_token_ids: &'a [u32],
 }
 
 impl<'a> SampleRequest<'a> {
@@ -70,7 +73,14 @@ impl<'a> SampleRequest<'a> {
             output_ids,
             position,
             sample_index: 0,
+            stop_token_ids: &[],
         }
+    }
+
+    /// The same request with these EOS and stop ids (for `min_tokens`).
+    pub fn with_stop_token_ids(mut self, stop_token_ids: &'a [u32]) -> Self {
+        self.stop_token_ids = stop_token_ids;
+        self
     }
 
     /// The same request for sample `sample_index` of `n`.
@@ -240,6 +250,8 @@ struct Scratch {
     weights: Vec<f32>,
     /// Bitset of ids already penalised (distinct ids count once).
     seen: Vec<u64>,
+    /// Occurrence counts of output ids (frequency penalty); all zero between rows.
+    counts: Vec<u32>,
 }
 
 thread_local! {
@@ -278,17 +290,23 @@ fn prepare(
     let params = request.params;
     params.validate()?;
     let vocab = row.len();
-    for (field, ids) in [
+    let context = [
         ("prompt_ids", request.prompt_ids),
         ("output_ids", request.output_ids),
-    ] {
-        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= vocab) {
-            return Err(SampleError::TokenIdOutOfRange {
-                field,
-                token_id: bad,
-                vocab_size: vocab,
-            });
-        }
+        ("stop_token_ids", request.stop_token_ids),
+    ];
+    let context_ids = context
+        .iter()
+        .flat_map(|&(field, ids)| ids.iter().map(move |&id| (field, id)));
+    if let Some((field, bad)) = context_ids
+        .chain(params.named_ids())
+        .find(|&(_, id)| id as usize >= vocab)
+    {
+        return Err(SampleError::TokenIdOutOfRange {
+            field,
+            token_id: bad,
+            vocab_size: vocab,
+        });
     }
     // Step 1: NaN / +inf check.
     if let Some(i) = row.iter().position(|&v| v.is_nan() || v == f32::INFINITY) {
@@ -298,11 +316,9 @@ fn prepare(
         });
     }
 
-    // Step 5: repetition penalty on a copy, each distinct id once.
-    let penalise = params.repetition_penalty != 1.0
-        && !(request.prompt_ids.is_empty() && request.output_ids.is_empty());
-    let logits: &[f32] = if penalise {
-        apply_repetition_penalty(row, request, params.repetition_penalty, scratch)?;
+    // Steps 3-5 on a per-thread copy, only when one of them applies.
+    let logits: &[f32] = if modifies_logits(request) {
+        apply_constraints_bias_penalties(row, request, scratch)?;
         &scratch.logits[..vocab]
     } else {
         row
@@ -325,6 +341,11 @@ fn prepare(
     let t = params.temperature as f32;
     let weight = |l: f32| scaled(l, max, t, params.temperature).exp();
 
+    // Step 8: min_p keeps weights `>= min_p` (the maximum's weight is exp(0) = 1). The kept
+    // set is a prefix of the (logit desc, id asc) order, like those of top-k and top-p.
+    let min_p = params.min_p;
+    let passes_min_p = |w: f32| f64::from(w) >= min_p;
+
     // Step 9: top-k.
     let top_k = usize::try_from(params.top_k).unwrap_or(0);
     let k_on = top_k > 0 && top_k < vocab;
@@ -333,7 +354,8 @@ fn prepare(
     if !k_on && !p_on {
         let w = dense_weights(&mut scratch.weights, vocab);
         for (wi, &l) in w.iter_mut().zip(logits) {
-            *wi = weight(l);
+            let x = weight(l);
+            *wi = if passes_min_p(x) { x } else { 0.0 };
         }
         return Ok(Prepared {
             support: Support::Dense,
@@ -343,9 +365,13 @@ fn prepare(
     let cand = &mut scratch.cand;
     cand.clear();
     if k_on {
+        // top-k and min_p keep prefixes of one order: their intersection is the shorter one.
         top_k_candidates(logits, top_k, cand);
         for c in cand.iter_mut() {
             c.w = weight(c.logit);
+        }
+        if min_p > 0.0 {
+            cand.retain(|c| passes_min_p(c.w));
         }
     } else {
         cand.extend(
@@ -357,7 +383,8 @@ fn prepare(
                     logit: l,
                     id: i as u32,
                     w: weight(l),
-                }),
+                })
+                .filter(|c| passes_min_p(c.w)),
         );
     }
 
@@ -420,44 +447,112 @@ fn max_of(values: &[f32]) -> f32 {
     values.iter().copied().fold(f32::NEG_INFINITY, f32::max)
 }
 
-/// Copies `row` into `scratch.logits` and applies `l > 0 ? l / r : l * r` once to each distinct
-/// id of prompt + output (CTRL; Hugging Face's `RepetitionPenaltyLogitsProcessor`).
+/// Whether any of steps 3-5 changes a logit of this request.
+fn modifies_logits(request: &SampleRequest<'_>) -> bool {
+    let p = request.params;
+    let has_context = !(request.prompt_ids.is_empty() && request.output_ids.is_empty());
+    p.allowed_token_ids.is_some()
+        || !p.bad_words.is_empty()
+        || (request.output_ids.len() < p.min_tokens && !request.stop_token_ids.is_empty())
+        || !p.logit_bias.is_empty()
+        || (p.repetition_penalty != 1.0 && has_context)
+        || ((p.frequency_penalty != 0.0 || p.presence_penalty != 0.0)
+            && !request.output_ids.is_empty())
+}
+
+/// Copies `row` into `scratch.logits` and applies, in the order of spec/sampling.md:
+/// step 3, hard constraints (`allowed_token_ids`, `bad_words`, `min_tokens`) set to -inf;
+/// step 4, `logit_bias` added (clamped to ±100); step 5, the repetition penalty
+/// `l > 0 ? l / r : l * r` once per distinct prompt or output id (CTRL; Hugging Face's
+/// `RepetitionPenaltyLogitsProcessor`), then `l -= count * frequency + (count > 0) * presence`
+/// over the output ids (OpenAI's definitions).
 ///
 /// # Errors
-/// [`SampleError::PenaltyOverflow`] when a finite logit leaves the f32 range.
-fn apply_repetition_penalty(
+/// [`SampleError::PenaltyOverflow`] when the repetition penalty takes a finite logit out of
+/// the f32 range.
+fn apply_constraints_bias_penalties(
     row: &[f32],
     request: &SampleRequest<'_>,
-    penalty: f64,
     scratch: &mut Scratch,
 ) -> Result<(), SampleError> {
-    let r = penalty as f32;
-    scratch.logits.clear();
-    scratch.logits.extend_from_slice(row);
-    let words = row.len().div_ceil(64);
-    if scratch.seen.len() < words {
-        scratch.seen.resize(words, 0);
+    let params = request.params;
+    let output = request.output_ids;
+    let vocab = row.len();
+    let logits = &mut scratch.logits;
+    logits.clear();
+    // Step 3: hard constraints.
+    match &params.allowed_token_ids {
+        Some(allowed) => {
+            logits.resize(vocab, f32::NEG_INFINITY);
+            for &id in allowed {
+                logits[id as usize] = row[id as usize];
+            }
+        }
+        None => logits.extend_from_slice(row),
     }
-    let ids = || request.prompt_ids.iter().chain(request.output_ids);
-    let mut overflow = None;
-    for &id in ids() {
-        let (word, bit) = (id as usize / 64, 1u64 << (id % 64));
-        if scratch.seen[word] & bit == 0 {
-            scratch.seen[word] |= bit;
-            let l = &mut scratch.logits[id as usize];
-            let before = *l;
-            *l = if before > 0.0 { before / r } else { before * r };
-            if before.is_finite() && !l.is_finite() && overflow.is_none() {
-                overflow = Some(SampleError::PenaltyOverflow {
-                    token_id: id,
-                    logit: before,
-                    penalty,
-                });
+    for words in &params.bad_words {
+        if let Some((&last, prefix)) = words.split_last() {
+            if output.ends_with(prefix) {
+                logits[last as usize] = f32::NEG_INFINITY;
             }
         }
     }
-    for &id in ids() {
-        scratch.seen[id as usize / 64] = 0;
+    if output.len() < params.min_tokens {
+        for &id in request.stop_token_ids {
+            logits[id as usize] = f32::NEG_INFINITY;
+        }
+    }
+    // Step 4: logit bias.
+    for (&id, &bias) in &params.logit_bias {
+        let l = &mut logits[id as usize];
+        *l = (f64::from(*l) + bias.clamp(-LOGIT_BIAS_LIMIT, LOGIT_BIAS_LIMIT)) as f32;
+    }
+    // Step 5: repetition penalty, each distinct id of prompt + output once.
+    let words = vocab.div_ceil(64);
+    if scratch.seen.len() < words {
+        scratch.seen.resize(words, 0);
+    }
+    let mut overflow = None;
+    let penalty = params.repetition_penalty;
+    if penalty != 1.0 {
+        let r = penalty as f32;
+        let ids = || request.prompt_ids.iter().chain(output);
+        for &id in ids() {
+            let (word, bit) = (id as usize / 64, 1u64 << (id % 64));
+            if scratch.seen[word] & bit == 0 {
+                scratch.seen[word] |= bit;
+                let l = &mut logits[id as usize];
+                let before = *l;
+                *l = if before > 0.0 { before / r } else { before * r };
+                if before.is_finite() && !l.is_finite() && overflow.is_none() {
+                    overflow = Some(SampleError::PenaltyOverflow {
+                        token_id: id,
+                        logit: before,
+                        penalty,
+                    });
+                }
+            }
+        }
+        for &id in ids() {
+            scratch.seen[id as usize / 64] = 0;
+        }
+    }
+    // Step 5, continued: frequency and presence over the output ids.
+    let (frequency, presence) = (params.frequency_penalty, params.presence_penalty);
+    if frequency != 0.0 || presence != 0.0 {
+        if scratch.counts.len() < vocab {
+            scratch.counts.resize(vocab, 0);
+        }
+        for &id in output {
+            scratch.counts[id as usize] += 1;
+        }
+        for &id in output {
+            let count = std::mem::take(&mut scratch.counts[id as usize]);
+            if count > 0 {
+                let l = &mut logits[id as usize];
+                *l = (f64::from(*l) - (f64::from(count) * frequency + presence)) as f32;
+            }
+        }
     }
     overflow.map_or(Ok(()), Err)
 }

@@ -23,6 +23,7 @@ fn all_params() -> Vec<SamplingParams> {
         top_p: 0.95,
         repetition_penalty: 1.15,
         seed: Some(42),
+        ..Default::default()
     };
     let mut v = vec![target];
     for i in 0..15u64 {
@@ -32,6 +33,7 @@ fn all_params() -> Vec<SamplingParams> {
             top_p: [1.0, 0.9, 0.5][i as usize % 3],
             repetition_penalty: [1.0, 1.2][i as usize % 2],
             seed: Some(1000 + i),
+            ..Default::default()
         });
     }
     v

@@ -148,6 +148,7 @@ fn vocab_111_all_filters_and_repetition_penalty() {
         top_p: 0.95,
         repetition_penalty: 1.3,
         seed: Some(4),
+        ..Default::default()
     };
     let prompt: Vec<u32> = (0..30).map(|i| i * 3).collect();
     run(
@@ -196,6 +197,7 @@ fn vocab_32000_temperature_08_top_k_50_top_p_09() {
         top_p: 0.9,
         repetition_penalty: 1.0,
         seed: Some(32_000),
+        ..Default::default()
     };
     run(
         &row,

@@ -78,6 +78,7 @@ fn case() -> impl Strategy<Value = Case> {
                     top_p,
                     repetition_penalty,
                     seed: Some(seed),
+                    ..Default::default()
                 }
             });
         (

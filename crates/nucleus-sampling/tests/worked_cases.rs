@@ -27,6 +27,7 @@ fn params(temperature: f64, top_k: i64, top_p: f64, seed: u64) -> SamplingParams
         top_p,
         repetition_penalty: 1.0,
         seed: Some(seed),
+        ..Default::default()
     }
 }
 
@@ -889,6 +890,7 @@ fn seed_42_gives_the_same_tokens_alone_first_and_last_in_a_batch_of_16() {
         top_p: 0.95,
         repetition_penalty: 1.1,
         seed: Some(42),
+        ..Default::default()
     };
     let others: Vec<SamplingParams> = (0..15)
         .map(|i| SamplingParams {
@@ -897,6 +899,7 @@ fn seed_42_gives_the_same_tokens_alone_first_and_last_in_a_batch_of_16() {
             top_p: [1.0, 0.9, 0.5][i % 3],
             repetition_penalty: [1.0, 1.3][i % 2],
             seed: if i % 3 == 0 { None } else { Some(i as u64) },
+            ..Default::default()
         })
         .collect();
     let prompt: Vec<u32> = (0..12).map(|i| (i * 7 % vocab) as u32).collect();
@@ -1040,6 +1043,7 @@ fn logprob_and_num_candidates_match_the_distribution() {
             top_p: [1.0, 0.9, 0.3][trial as usize % 3],
             repetition_penalty: 1.0,
             seed: Some(trial),
+            ..Default::default()
         };
         let req = SampleRequest::new(&p, &[], &[], trial);
         let d = distribution(&row, &req).unwrap();
