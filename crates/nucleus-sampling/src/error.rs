@@ -37,6 +37,16 @@ pub enum SampleError {
         /// The value found there.
         value: f32,
     },
+    /// A probability-input row holds a NaN, infinite or negative value.
+    #[error(
+        "invalid probability {value} at token id {token_id}: probabilities must be finite and >= 0"
+    )]
+    InvalidProbability {
+        /// The lowest offending id.
+        token_id: u32,
+        /// The value found there.
+        value: f32,
+    },
     /// Every logit of the row is `-inf` after the hard constraints (spec step 12).
     #[error("no candidate token: every logit below vocab_size is -inf")]
     NoCandidates,

@@ -53,5 +53,8 @@ mod view;
 
 pub use error::{ParamError, SampleError, ShapeError};
 pub use params::{SamplingParams, GREEDY_TEMPERATURE, LOGIT_BIAS_LIMIT};
-pub use sampler::{distribution, os_seed, sample_batch, sample_row, SampleOutput, SampleRequest};
-pub use view::LogitsView;
+pub use sampler::{
+    distribution, distribution_from_probs, os_seed, sample_batch, sample_row,
+    sample_row_from_probs, SampleOutput, SampleRequest,
+};
+pub use view::{InputKind, LogitsView};

@@ -31,7 +31,7 @@ use rayon::prelude::*;
 use crate::error::{SampleError, ShapeError};
 use crate::params::{SamplingParams, LOGIT_BIAS_LIMIT};
 use crate::philox;
-use crate::view::LogitsView;
+use crate::view::{InputKind, LogitsView};
 
 /// Ids per chunk of the f64 mass sums (spec/sampling.md: chunking independent of threads).
 pub(crate) const CHUNK: usize = 8192;
@@ -132,7 +132,7 @@ pub fn sample_batch(
     Ok(requests
         .par_iter()
         .enumerate()
-        .map(|(i, request)| sample_row(logits.row(i), request))
+        .map(|(i, request)| sample_kind(logits.row(i), logits.kind(), request))
         .collect())
 }
 
@@ -149,12 +149,34 @@ pub fn sample_batch(
 /// - [`SampleError::PenaltyOverflow`]: the repetition penalty took a logit out of the f32 range.
 /// - [`SampleError::SeedUnavailable`]: no seed was given and the OS gave none.
 pub fn sample_row(row: &[f32], request: &SampleRequest<'_>) -> Result<SampleOutput, SampleError> {
+    sample_kind(row, InputKind::Logits, request)
+}
+
+/// [`sample_row`] for a row of probabilities ([`InputKind::Probs`]): non-negative weights,
+/// renormalised by the sampler; zeros are never chosen. Masks, min_p, top_k and top_p apply;
+/// penalties and logit_bias are an error; temperature must be 1 or greedy.
+///
+/// # Errors
+/// As [`sample_row`], with [`SampleError::InvalidProbability`] for a NaN, infinite or
+/// negative value and [`SampleError::InvalidParams`] for parameters defined on logits only.
+pub fn sample_row_from_probs(
+    probs: &[f32],
+    request: &SampleRequest<'_>,
+) -> Result<SampleOutput, SampleError> {
+    sample_kind(probs, InputKind::Probs, request)
+}
+
+fn sample_kind(
+    row: &[f32],
+    kind: InputKind,
+    request: &SampleRequest<'_>,
+) -> Result<SampleOutput, SampleError> {
     let seed = match request.params.seed {
         Some(seed) => seed,
         None => os_seed()?,
     };
     with_scratch(|scratch| {
-        let prepared = prepare(row, request, scratch)?;
+        let prepared = prepare(row, kind, request, scratch)?;
         let (token, weight, z, num_candidates) = match prepared.support {
             Support::Greedy(token) => {
                 return Ok(SampleOutput {
@@ -192,8 +214,27 @@ pub fn sample_row(row: &[f32], request: &SampleRequest<'_>) -> Result<SampleOutp
 /// # Errors
 /// As [`sample_row`], except that no seed is needed.
 pub fn distribution(row: &[f32], request: &SampleRequest<'_>) -> Result<Vec<f64>, SampleError> {
+    distribution_kind(row, InputKind::Logits, request)
+}
+
+/// [`distribution`] for a row of probabilities (see [`sample_row_from_probs`]).
+///
+/// # Errors
+/// As [`sample_row_from_probs`].
+pub fn distribution_from_probs(
+    probs: &[f32],
+    request: &SampleRequest<'_>,
+) -> Result<Vec<f64>, SampleError> {
+    distribution_kind(probs, InputKind::Probs, request)
+}
+
+fn distribution_kind(
+    row: &[f32],
+    kind: InputKind,
+    request: &SampleRequest<'_>,
+) -> Result<Vec<f64>, SampleError> {
     with_scratch(|scratch| {
-        let prepared = prepare(row, request, scratch)?;
+        let prepared = prepare(row, kind, request, scratch)?;
         let mut out = vec![0.0f64; row.len()];
         match prepared.support {
             Support::Greedy(token) => out[token as usize] = 1.0,
@@ -284,11 +325,18 @@ struct Prepared {
 /// their weights in `scratch`.
 fn prepare(
     row: &[f32],
+    kind: InputKind,
     request: &SampleRequest<'_>,
     scratch: &mut Scratch,
 ) -> Result<Prepared, SampleError> {
     let params = request.params;
     params.validate()?;
+    let probs = kind == InputKind::Probs;
+    if probs {
+        check_probs_params(params)?;
+    }
+    // The value that masks a token: -inf for logits, 0 for probabilities.
+    let floor = if probs { 0.0 } else { f32::NEG_INFINITY };
     let vocab = row.len();
     let context = [
         ("prompt_ids", request.prompt_ids),
@@ -308,8 +356,15 @@ fn prepare(
             vocab_size: vocab,
         });
     }
-    // Step 1: NaN / +inf check.
-    if let Some(i) = row.iter().position(|&v| v.is_nan() || v == f32::INFINITY) {
+    // Step 1: NaN / +inf check (and negative values for probabilities).
+    if probs {
+        if let Some(i) = row.iter().position(|&v| !(v.is_finite() && v >= 0.0)) {
+            return Err(SampleError::InvalidProbability {
+                token_id: i as u32,
+                value: row[i],
+            });
+        }
+    } else if let Some(i) = row.iter().position(|&v| v.is_nan() || v == f32::INFINITY) {
         return Err(SampleError::NonFiniteLogits {
             token_id: i as u32,
             value: row[i],
@@ -318,14 +373,14 @@ fn prepare(
 
     // Steps 3-5 on a per-thread copy, only when one of them applies.
     let logits: &[f32] = if modifies_logits(request) {
-        apply_constraints_bias_penalties(row, request, scratch)?;
+        apply_constraints_bias_penalties(row, floor, request, scratch)?;
         &scratch.logits[..vocab]
     } else {
         row
     };
 
     let max = max_of(logits);
-    if max == f32::NEG_INFINITY {
+    if max <= floor {
         return Err(SampleError::NoCandidates);
     }
 
@@ -337,13 +392,20 @@ fn prepare(
         });
     }
 
-    // Step 7: temperature, `(l - max) / T` in f32.
+    // Step 7: temperature, `(l - max) / T` in f32; probabilities are their own weights.
     let t = params.temperature as f32;
-    let weight = |l: f32| scaled(l, max, t, params.temperature).exp();
+    let weight = |l: f32| {
+        if probs {
+            l
+        } else {
+            scaled(l, max, t, params.temperature).exp()
+        }
+    };
 
-    // Step 8: min_p keeps weights `>= min_p` (the maximum's weight is exp(0) = 1). The kept
-    // set is a prefix of the (logit desc, id asc) order, like those of top-k and top-p.
-    let min_p = params.min_p;
+    // Step 8: min_p keeps weights `>= min_p * w_max` (for logits the maximum's weight is
+    // exp(0) = 1). The kept set is a prefix of the (value desc, id asc) order, like those of
+    // top-k and top-p.
+    let min_p = params.min_p * if probs { f64::from(max) } else { 1.0 };
     let passes_min_p = |w: f32| f64::from(w) >= min_p;
 
     // Step 9: top-k.
@@ -366,7 +428,7 @@ fn prepare(
     cand.clear();
     if k_on {
         // top-k and min_p keep prefixes of one order: their intersection is the shorter one.
-        top_k_candidates(logits, top_k, cand);
+        top_k_candidates(logits, floor, top_k, cand);
         for c in cand.iter_mut() {
             c.w = weight(c.logit);
         }
@@ -378,7 +440,7 @@ fn prepare(
             logits
                 .iter()
                 .enumerate()
-                .filter(|(_, &l)| l > f32::NEG_INFINITY)
+                .filter(|(_, &l)| l > floor)
                 .map(|(i, &l)| Cand {
                     logit: l,
                     id: i as u32,
@@ -447,6 +509,35 @@ fn max_of(values: &[f32]) -> f32 {
     values.iter().copied().fold(f32::NEG_INFINITY, f32::max)
 }
 
+/// Parameters defined on logits only are an error with probability input (spec/sampling.md,
+/// "Parameter edge values"); temperature 1 is accepted as the no-op it is.
+fn check_probs_params(params: &SamplingParams) -> Result<(), SampleError> {
+    let logits_only = "its default (it is defined on logits, not probabilities)";
+    let bad = |field: &'static str, value: String| {
+        Err(SampleError::InvalidParams(crate::error::ParamError {
+            field,
+            value,
+            allowed: logits_only,
+        }))
+    };
+    if !params.is_greedy() && params.temperature != 1.0 {
+        return bad("temperature", params.temperature.to_string());
+    }
+    if params.repetition_penalty != 1.0 {
+        return bad("repetition_penalty", params.repetition_penalty.to_string());
+    }
+    if params.presence_penalty != 0.0 {
+        return bad("presence_penalty", params.presence_penalty.to_string());
+    }
+    if params.frequency_penalty != 0.0 {
+        return bad("frequency_penalty", params.frequency_penalty.to_string());
+    }
+    if !params.logit_bias.is_empty() {
+        return bad("logit_bias", format!("{:?}", params.logit_bias));
+    }
+    Ok(())
+}
+
 /// Whether any of steps 3-5 changes a logit of this request.
 fn modifies_logits(request: &SampleRequest<'_>) -> bool {
     let p = request.params;
@@ -472,6 +563,7 @@ fn modifies_logits(request: &SampleRequest<'_>) -> bool {
 /// the f32 range.
 fn apply_constraints_bias_penalties(
     row: &[f32],
+    floor: f32,
     request: &SampleRequest<'_>,
     scratch: &mut Scratch,
 ) -> Result<(), SampleError> {
@@ -483,7 +575,7 @@ fn apply_constraints_bias_penalties(
     // Step 3: hard constraints.
     match &params.allowed_token_ids {
         Some(allowed) => {
-            logits.resize(vocab, f32::NEG_INFINITY);
+            logits.resize(vocab, floor);
             for &id in allowed {
                 logits[id as usize] = row[id as usize];
             }
@@ -493,13 +585,13 @@ fn apply_constraints_bias_penalties(
     for words in &params.bad_words {
         if let Some((&last, prefix)) = words.split_last() {
             if output.ends_with(prefix) {
-                logits[last as usize] = f32::NEG_INFINITY;
+                logits[last as usize] = floor;
             }
         }
     }
     if output.len() < params.min_tokens {
         for &id in request.stop_token_ids {
-            logits[id as usize] = f32::NEG_INFINITY;
+            logits[id as usize] = floor;
         }
     }
     // Step 4: logit bias.
@@ -557,13 +649,13 @@ fn apply_constraints_bias_penalties(
     overflow.map_or(Ok(()), Err)
 }
 
-/// The exactly-`k` best tokens (logit desc, id asc) among the finite logits, into `out`
+/// The exactly-`k` best tokens (value desc, id asc) among the values above `floor`, into `out`
 /// (unordered). Streams the row once: an element enters the buffer only if it beats the
 /// current k-th best; a full buffer is cut back to k with a linear-time selection, raising
 /// the threshold. Amortised O(1) per element.
-fn top_k_candidates(logits: &[f32], k: usize, out: &mut Vec<Cand>) {
+fn top_k_candidates(logits: &[f32], floor: f32, k: usize, out: &mut Vec<Cand>) {
     let cap = (2 * k).max(k + 256);
-    let mut threshold = f32::NEG_INFINITY;
+    let mut threshold = floor;
     for (i, &l) in logits.iter().enumerate() {
         // Strict: an element equal to the current k-th best has a higher id, so it ranks lower.
         if l > threshold {

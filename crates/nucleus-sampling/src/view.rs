@@ -2,6 +2,18 @@
 
 use crate::error::ShapeError;
 
+/// What the values of a row are (spec/sampling.md, "Inputs").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum InputKind {
+    /// Unnormalised log-probabilities: the LM head's output. -inf masks a token.
+    #[default]
+    Logits,
+    /// Non-negative weights (probabilities, not necessarily normalised), as FlashInfer's
+    /// `*_from_probs` functions take them. 0 masks a token. Penalties and `logit_bias` are not
+    /// defined on them (an error); temperature must be 1 (no-op) or greedy.
+    Probs,
+}
+
 /// A borrowed logits matrix `[batch, row_len]`, f32, row-major, with a row stride.
 ///
 /// Row `i` starts at `data[i * row_stride]` and holds `row_len` values, of which the first
@@ -15,6 +27,7 @@ pub struct LogitsView<'a> {
     row_len: usize,
     row_stride: usize,
     vocab_size: usize,
+    kind: InputKind,
 }
 
 impl<'a> LogitsView<'a> {
@@ -68,7 +81,19 @@ impl<'a> LogitsView<'a> {
             row_len,
             row_stride,
             vocab_size,
+            kind: InputKind::Logits,
         })
+    }
+
+    /// The same matrix read as `kind` (default [`InputKind::Logits`]).
+    pub fn with_kind(mut self, kind: InputKind) -> Self {
+        self.kind = kind;
+        self
+    }
+
+    /// Whether the rows hold logits or probabilities.
+    pub fn kind(&self) -> InputKind {
+        self.kind
     }
 
     /// A dense `[batch, vocab]` matrix: stride and row length equal `vocab`, no padding.

@@ -360,3 +360,168 @@ fn the_callers_logits_are_not_modified() {
     distribution(&logits, &SampleRequest::new(&params, &[0], &[2, 2], 3)).unwrap();
     assert_eq!(logits, copy);
 }
+
+mod probability_input {
+    //! The spec's probability-input cases, exact where the values are dyadic.
+
+    use super::assert_close;
+    use nucleus_sampling::{
+        distribution_from_probs, sample_batch, sample_row_from_probs, InputKind, LogitsView,
+        SampleError, SampleRequest, SamplingParams,
+    };
+    use std::collections::BTreeMap;
+
+    const P: [f32; 4] = [0.4, 0.3, 0.2, 0.1];
+
+    fn dist(probs: &[f32], params: &SamplingParams) -> Result<Vec<f64>, SampleError> {
+        distribution_from_probs(probs, &SampleRequest::new(params, &[], &[], 0))
+    }
+
+    #[test]
+    fn spec_top_k_and_top_p_cases() {
+        let k2 = SamplingParams {
+            top_k: 2,
+            ..Default::default()
+        };
+        assert_close(&dist(&P, &k2).unwrap(), &[4.0 / 7.0, 3.0 / 7.0, 0.0, 0.0]);
+        let p08 = SamplingParams {
+            top_p: 0.8,
+            ..Default::default()
+        };
+        assert_close(
+            &dist(&P, &p08).unwrap(),
+            &[4.0 / 9.0, 3.0 / 9.0, 2.0 / 9.0, 0.0],
+        );
+        let k2p05 = SamplingParams {
+            top_k: 2,
+            top_p: 0.5,
+            ..Default::default()
+        };
+        assert_eq!(dist(&P, &k2p05).unwrap(), vec![1.0, 0.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn spec_exact_top_p_hit_takes_nothing_more() {
+        // [0.25, 0.125, 0.125, 0.5], top_p 0.75: 0.5 + 0.25 reaches 0.75 exactly.
+        let params = SamplingParams {
+            top_p: 0.75,
+            ..Default::default()
+        };
+        let p = dist(&[0.25, 0.125, 0.125, 0.5], &params).unwrap();
+        assert_eq!(p, vec![1.0 / 3.0, 0.0, 0.0, 2.0 / 3.0]);
+    }
+
+    #[test]
+    fn unnormalised_weights_are_renormalised() {
+        let p = dist(&[2.0, 0.0, 6.0], &SamplingParams::default()).unwrap();
+        assert_eq!(p, vec![0.25, 0.0, 0.75]);
+    }
+
+    #[test]
+    fn min_p_on_probabilities_keeps_exact_ties() {
+        // 0.2 == 0.5 * 0.4 exactly in binary: kept.
+        let params = SamplingParams {
+            min_p: 0.5,
+            ..Default::default()
+        };
+        assert_close(
+            &dist(&P, &params).unwrap(),
+            &[4.0 / 9.0, 3.0 / 9.0, 2.0 / 9.0, 0.0],
+        );
+    }
+
+    #[test]
+    fn greedy_and_masks_on_probabilities() {
+        let params = SamplingParams {
+            allowed_token_ids: Some(vec![1, 2]),
+            ..SamplingParams::greedy()
+        };
+        let out = sample_row_from_probs(&P, &SampleRequest::new(&params, &[], &[], 0)).unwrap();
+        assert_eq!(out.token, 1);
+        assert_eq!(out.logprob, 0.0);
+    }
+
+    #[test]
+    fn logits_only_parameters_are_errors_with_probabilities() {
+        let cases = [
+            (
+                SamplingParams {
+                    temperature: 0.5,
+                    ..Default::default()
+                },
+                "temperature",
+            ),
+            (
+                SamplingParams {
+                    repetition_penalty: 1.2,
+                    ..Default::default()
+                },
+                "repetition_penalty",
+            ),
+            (
+                SamplingParams {
+                    presence_penalty: 0.5,
+                    ..Default::default()
+                },
+                "presence_penalty",
+            ),
+            (
+                SamplingParams {
+                    frequency_penalty: 0.5,
+                    ..Default::default()
+                },
+                "frequency_penalty",
+            ),
+            (
+                SamplingParams {
+                    logit_bias: BTreeMap::from([(0, 1.0)]),
+                    ..Default::default()
+                },
+                "logit_bias",
+            ),
+        ];
+        for (params, field) in cases {
+            match dist(&P, &params) {
+                Err(SampleError::InvalidParams(e)) => assert_eq!(e.field, field),
+                other => panic!("{field}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn bad_probability_rows_are_errors_for_that_row_only() {
+        let params = SamplingParams {
+            seed: Some(3),
+            ..Default::default()
+        };
+        let data = [
+            0.5f32,
+            -0.1,
+            0.5, // negative
+            0.0,
+            f32::INFINITY,
+            1.0, // inf
+            0.0,
+            0.0,
+            0.0, // nothing
+            0.0,
+            0.0,
+            1.0, // healthy
+        ];
+        let view = LogitsView::dense(&data, 4, 3)
+            .unwrap()
+            .with_kind(InputKind::Probs);
+        let reqs = [SampleRequest::new(&params, &[], &[], 0); 4];
+        let out = sample_batch(&view, &reqs).unwrap();
+        assert!(matches!(
+            out[0],
+            Err(SampleError::InvalidProbability { token_id: 1, .. })
+        ));
+        assert!(matches!(
+            out[1],
+            Err(SampleError::InvalidProbability { token_id: 1, .. })
+        ));
+        assert_eq!(out[2], Err(SampleError::NoCandidates));
+        assert_eq!(out[3].as_ref().unwrap().token, 2);
+    }
+}
