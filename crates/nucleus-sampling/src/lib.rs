@@ -57,4 +57,4 @@ pub use sampler::{
     distribution, distribution_from_probs, os_seed, sample_batch, sample_row,
     sample_row_from_probs, SampleOutput, SampleRequest,
 };
-pub use view::{InputKind, LogitsView};
+pub use view::{InputKind, LogitValue, LogitsView};

@@ -31,7 +31,7 @@ use rayon::prelude::*;
 use crate::error::{SampleError, ShapeError};
 use crate::params::{SamplingParams, LOGIT_BIAS_LIMIT};
 use crate::philox;
-use crate::view::{InputKind, LogitsView};
+use crate::view::{InputKind, LogitValue, LogitsView};
 
 /// Ids per chunk of the f64 mass sums (spec/sampling.md: chunking independent of threads).
 pub(crate) const CHUNK: usize = 8192;
@@ -119,8 +119,8 @@ pub struct SampleOutput {
 /// # Errors
 /// [`ShapeError::RequestCountMismatch`] when `requests.len() != logits.batch()`. Per-row
 /// errors are in the returned vector (see [`sample_row`]).
-pub fn sample_batch(
-    logits: &LogitsView<'_>,
+pub fn sample_batch<T: LogitValue>(
+    logits: &LogitsView<'_, T>,
     requests: &[SampleRequest<'_>],
 ) -> Result<Vec<Result<SampleOutput, SampleError>>, ShapeError> {
     if requests.len() != logits.batch() {
@@ -132,7 +132,12 @@ pub fn sample_batch(
     Ok(requests
         .par_iter()
         .enumerate()
-        .map(|(i, request)| sample_kind(logits.row(i), logits.kind(), request))
+        .map(|(i, request)| match T::as_f32(logits.row(i)) {
+            Some(row) => sample_kind(row, logits.kind(), request),
+            None => with_widened(logits.row(i), |row| {
+                sample_kind(row, logits.kind(), request)
+            }),
+        })
         .collect())
 }
 
@@ -297,6 +302,20 @@ struct Scratch {
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+    /// A 16-bit row widened to f32 (kept apart from [`SCRATCH`], which the row then uses).
+    static WIDENED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on `row` widened to f32 in a per-thread buffer.
+fn with_widened<T: LogitValue, R>(row: &[T], f: impl FnOnce(&[f32]) -> R) -> R {
+    WIDENED.with(|buf| match buf.try_borrow_mut() {
+        Ok(mut buf) => {
+            buf.clear();
+            buf.extend(row.iter().map(|v| v.to_f32()));
+            f(&buf)
+        }
+        Err(_) => f(&row.iter().map(|v| v.to_f32()).collect::<Vec<f32>>()),
+    })
 }
 
 fn with_scratch<T>(f: impl FnOnce(&mut Scratch) -> T) -> T {

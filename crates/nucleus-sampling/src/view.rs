@@ -2,6 +2,50 @@
 
 use crate::error::ShapeError;
 
+/// An element type of a logits matrix: f32, or the 16-bit types LM heads often produce
+/// (`half::f16`, `half::bf16`). Computation is always f32 (spec/sampling.md, "Inputs"): a
+/// 16-bit row is widened into a per-thread buffer once, exactly (every f16 and bf16 value is an
+/// f32 value).
+pub trait LogitValue: Copy + Send + Sync + 'static {
+    /// The value as f32 (exact).
+    fn to_f32(self) -> f32;
+    /// The row itself when it already is f32 (no copy).
+    fn as_f32(row: &[Self]) -> Option<&[f32]>;
+}
+
+impl LogitValue for f32 {
+    #[inline]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[inline]
+    fn as_f32(row: &[Self]) -> Option<&[f32]> {
+        Some(row)
+    }
+}
+
+impl LogitValue for half::f16 {
+    #[inline]
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
+    }
+    #[inline]
+    fn as_f32(_: &[Self]) -> Option<&[f32]> {
+        None
+    }
+}
+
+impl LogitValue for half::bf16 {
+    #[inline]
+    fn to_f32(self) -> f32 {
+        half::bf16::to_f32(self)
+    }
+    #[inline]
+    fn as_f32(_: &[Self]) -> Option<&[f32]> {
+        None
+    }
+}
+
 /// What the values of a row are (spec/sampling.md, "Inputs").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum InputKind {
@@ -14,15 +58,16 @@ pub enum InputKind {
     Probs,
 }
 
-/// A borrowed logits matrix `[batch, row_len]`, f32, row-major, with a row stride.
+/// A borrowed logits matrix `[batch, row_len]` of f32 (default), f16 or bf16 ([`LogitValue`]),
+/// row-major, with a row stride.
 ///
 /// Row `i` starts at `data[i * row_stride]` and holds `row_len` values, of which the first
 /// `vocab_size` are token ids; the ids `vocab_size..row_len` are padding (embedding tables
 /// rounded up, e.g. 151,936 rows for a 151,665-token tokenizer) and are never candidates.
 /// The shape is checked once, in [`LogitsView::new`].
 #[derive(Clone, Copy, Debug)]
-pub struct LogitsView<'a> {
-    data: &'a [f32],
+pub struct LogitsView<'a, T: LogitValue = f32> {
+    data: &'a [T],
     batch: usize,
     row_len: usize,
     row_stride: usize,
@@ -30,14 +75,14 @@ pub struct LogitsView<'a> {
     kind: InputKind,
 }
 
-impl<'a> LogitsView<'a> {
+impl<'a, T: LogitValue> LogitsView<'a, T> {
     /// Wraps `data` as `[batch, row_len]` with `row_stride` elements between row starts.
     ///
     /// # Errors
     /// [`ShapeError`] when `row_len > row_stride`, `vocab_size` is 0, above `row_len` or above
     /// `u32::MAX`, or `data` is shorter than `(batch - 1) * row_stride + row_len`.
     pub fn new(
-        data: &'a [f32],
+        data: &'a [T],
         batch: usize,
         row_len: usize,
         row_stride: usize,
@@ -100,7 +145,7 @@ impl<'a> LogitsView<'a> {
     ///
     /// # Errors
     /// As [`LogitsView::new`].
-    pub fn dense(data: &'a [f32], batch: usize, vocab: usize) -> Result<Self, ShapeError> {
+    pub fn dense(data: &'a [T], batch: usize, vocab: usize) -> Result<Self, ShapeError> {
         Self::new(data, batch, vocab, vocab, vocab)
     }
 
@@ -125,7 +170,7 @@ impl<'a> LogitsView<'a> {
     }
 
     /// The candidate part of row `i`: `vocab_size` logits. Panics if `i >= batch`.
-    pub fn row(&self, i: usize) -> &'a [f32] {
+    pub fn row(&self, i: usize) -> &'a [T] {
         assert!(
             i < self.batch,
             "row {i} out of range for batch {}",

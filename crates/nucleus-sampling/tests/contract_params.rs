@@ -525,3 +525,73 @@ mod probability_input {
         assert_eq!(out[3].as_ref().unwrap().token, 2);
     }
 }
+
+mod sixteen_bit_input {
+    //! f16 and bf16 logits: widened exactly to f32, then the same contract.
+
+    use half::{bf16, f16};
+    use nucleus_sampling::{sample_batch, LogitsView, SampleRequest, SamplingParams};
+
+    #[test]
+    fn spec_f16_logits_at_tiny_temperature() {
+        // f16 logits [10, 9, -5], temperature 1e-4 -> token 0, no NaN.
+        let data: Vec<f16> = [10.0f32, 9.0, -5.0].map(f16::from_f32).to_vec();
+        let params = SamplingParams {
+            temperature: 1e-4,
+            seed: Some(9),
+            ..Default::default()
+        };
+        let view = LogitsView::dense(&data, 1, 3).unwrap();
+        let out = sample_batch(&view, &[SampleRequest::new(&params, &[], &[], 0)]).unwrap();
+        let out = out[0].as_ref().unwrap();
+        assert_eq!(out.token, 0);
+        assert!(!out.logprob.is_nan());
+    }
+
+    #[test]
+    fn sixteen_bit_rows_sample_exactly_as_their_f32_values() {
+        let vocab = 500;
+        let values: Vec<f32> = (0..2 * vocab)
+            .map(|i| ((i * 7919 % 1000) as f32 / 100.0) - 5.0)
+            .collect();
+        let params = SamplingParams {
+            temperature: 0.7,
+            top_k: 40,
+            top_p: 0.9,
+            min_p: 0.01,
+            seed: Some(5),
+            ..Default::default()
+        };
+        let reqs: Vec<SampleRequest<'_>> = (0..2)
+            .map(|r| SampleRequest::new(&params, &[1, 2], &[3], 10 + r))
+            .collect();
+        let h: Vec<f16> = values.iter().map(|&v| f16::from_f32(v)).collect();
+        let b: Vec<bf16> = values.iter().map(|&v| bf16::from_f32(v)).collect();
+        let h32: Vec<f32> = h.iter().map(|v| v.to_f32()).collect();
+        let b32: Vec<f32> = b.iter().map(|v| v.to_f32()).collect();
+        for (sixteen, widened) in [
+            (
+                sample_batch(&LogitsView::dense(&h, 2, vocab).unwrap(), &reqs).unwrap(),
+                sample_batch(&LogitsView::dense(&h32, 2, vocab).unwrap(), &reqs).unwrap(),
+            ),
+            (
+                sample_batch(&LogitsView::dense(&b, 2, vocab).unwrap(), &reqs).unwrap(),
+                sample_batch(&LogitsView::dense(&b32, 2, vocab).unwrap(), &reqs).unwrap(),
+            ),
+        ] {
+            assert_eq!(sixteen, widened);
+        }
+    }
+
+    #[test]
+    fn nan_in_an_f16_row_is_an_error_for_that_row_only() {
+        let data: Vec<f16> = [1.0f32, f32::NAN, 0.0, 1.0, 2.0, 0.0]
+            .map(f16::from_f32)
+            .to_vec();
+        let params = SamplingParams::greedy();
+        let reqs = [SampleRequest::new(&params, &[], &[], 0); 2];
+        let out = sample_batch(&LogitsView::dense(&data, 2, 3).unwrap(), &reqs).unwrap();
+        assert!(out[0].is_err());
+        assert_eq!(out[1].as_ref().unwrap().token, 1);
+    }
+}

@@ -843,7 +843,7 @@ fn bad_views_and_request_count_mismatch_are_shape_errors() {
     {
         let big = 1usize << 33;
         assert_eq!(
-            LogitsView::new(&[], 0, big, big, 1 << 32).unwrap_err(),
+            LogitsView::<f32>::new(&[], 0, big, big, 1 << 32).unwrap_err(),
             ShapeError::VocabTooLarge {
                 vocab_size: 1 << 32
             }
@@ -874,7 +874,7 @@ fn bad_views_and_request_count_mismatch_are_shape_errors() {
             batch: 3
         }
     );
-    let empty = LogitsView::dense(&[], 0, 4).unwrap();
+    let empty = LogitsView::<f32>::dense(&[], 0, 4).unwrap();
     assert_eq!(sample_batch(&empty, &[]).unwrap(), vec![]);
 }
 
