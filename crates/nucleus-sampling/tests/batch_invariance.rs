@@ -6,11 +6,17 @@
 
 mod common;
 
-use common::oracle::oracle;
+use common::oracle::oracle_with_stops;
 use common::{inverse_cdf, normal_row, spec_uniform};
 use nucleus_sampling::{
     distribution, sample_batch, sample_row, LogitsView, SampleOutput, SampleRequest, SamplingParams,
 };
+
+/// EOS and stop ids of every request (banned while fewer than `min_tokens` were generated).
+const STOPS: [u32; 2] = [3, 11];
+
+/// The last generated id in `check`, so that the target's bad word `[OUTPUT_LAST, 17]` bans 17.
+const OUTPUT_LAST: u32 = 2;
 
 /// The target request and 15 neighbours of varied parameters (greedy, top-k 1, top-p, ...).
 fn all_params() -> Vec<SamplingParams> {
@@ -22,6 +28,14 @@ fn all_params() -> Vec<SamplingParams> {
         top_k: 1000,
         top_p: 0.95,
         repetition_penalty: 1.15,
+        min_p: 0.01,
+        presence_penalty: 0.4,
+        frequency_penalty: 0.25,
+        logit_bias: [(5u32, 3.0), (11, -150.0), (40, 250.0)]
+            .into_iter()
+            .collect(),
+        bad_words: vec![vec![13], vec![OUTPUT_LAST, 17]],
+        min_tokens: 12,
         seed: Some(42),
         ..Default::default()
     };
@@ -32,8 +46,16 @@ fn all_params() -> Vec<SamplingParams> {
             top_k: [0, 1, 20, -1][i as usize % 4],
             top_p: [1.0, 0.9, 0.5][i as usize % 3],
             repetition_penalty: [1.0, 1.2][i as usize % 2],
+            min_p: [0.0, 0.05, 1.0][i as usize % 3],
+            presence_penalty: [0.0, -1.0, 2.0][i as usize % 3],
+            frequency_penalty: [0.5, 0.0][i as usize % 2],
+            logit_bias: [(i as u32, 1e6), (i as u32 + 20, -2.5)]
+                .into_iter()
+                .collect(),
+            allowed_token_ids: (i % 4 == 3).then(|| (0..60).collect()),
+            bad_words: vec![vec![i as u32 + 1, i as u32 + 2]],
+            min_tokens: [0, 30][i as usize % 2],
             seed: Some(1000 + i),
-            ..Default::default()
         });
     }
     v
@@ -68,7 +90,10 @@ fn same(a: &SampleOutput, b: &SampleOutput) -> bool {
 fn check(vocab: usize, row_len: usize, positions: &[u64]) {
     let params = all_params();
     let prompt: Vec<u32> = (0..40).map(|i| (i * 7919 % vocab) as u32).collect();
-    let output: Vec<u32> = (0..10).map(|i| (i * 104_729 % vocab) as u32).collect();
+    let output: Vec<u32> = (0..10)
+        .map(|i| (i * 104_729 % vocab) as u32)
+        .chain([OUTPUT_LAST])
+        .collect();
     let rows: Vec<Vec<f32>> = (0..16)
         .map(|i| normal_row(i as u64 + 1, vocab, 2.5))
         .collect();
@@ -78,7 +103,7 @@ fn check(vocab: usize, row_len: usize, positions: &[u64]) {
     for &position in positions {
         let reqs: Vec<SampleRequest> = params
             .iter()
-            .map(|p| SampleRequest::new(p, &prompt, &output, position))
+            .map(|p| SampleRequest::new(p, &prompt, &output, position).with_stop_token_ids(&STOPS))
             .collect();
         // The reference: each row alone through sample_row, on the default pool.
         let alone: Vec<SampleOutput> = rows
@@ -88,8 +113,12 @@ fn check(vocab: usize, row_len: usize, positions: &[u64]) {
             .collect();
 
         // The target is spec-correct, so invariance is not vacuous.
-        let o = oracle(&rows[0], &params[0], &prompt, &output).unwrap();
+        let o = oracle_with_stops(&rows[0], &params[0], &prompt, &output, &STOPS).unwrap();
         assert!(o.probs[alone[0].token as usize] > 0.0);
+        // The target's hard constraints bite: the bad word and the stop ids (min_tokens).
+        for banned in [17usize, 3, 11] {
+            assert!(!o.support[banned], "id {banned} should be banned");
+        }
         // Fixed rows and positions: they must be clear of rounding boundaries, so the check
         // always runs.
         assert!(
@@ -159,7 +188,7 @@ fn check(vocab: usize, row_len: usize, positions: &[u64]) {
     }
 
     // The distribution is bitwise the same whatever the thread count.
-    let req = SampleRequest::new(&params[0], &prompt, &output, 0);
+    let req = SampleRequest::new(&params[0], &prompt, &output, 0).with_stop_token_ids(&STOPS);
     let d0 = distribution(&rows[0], &req).unwrap();
     for p in [&p1, &p2] {
         let d = p.install(|| distribution(&rows[0], &req).unwrap());

@@ -30,9 +30,22 @@ enum Vary {
 /// Draws `n` tokens, checks each against the spec's inverse CDF when the oracle is clear of
 /// boundaries, and runs the chi-square test against `distribution()`.
 fn run(row: &[f32], params: &SamplingParams, prompt: &[u32], n: u32, vary: Vary, what: &str) {
-    let base = SampleRequest::new(params, prompt, &[], 0);
+    run_with_output(row, params, prompt, &[], n, vary, what);
+}
+
+/// As [`run`], with generated ids (for the frequency and presence penalties).
+fn run_with_output(
+    row: &[f32],
+    params: &SamplingParams,
+    prompt: &[u32],
+    output: &[u32],
+    n: u32,
+    vary: Vary,
+    what: &str,
+) {
+    let base = SampleRequest::new(params, prompt, output, 0);
     let d = distribution(row, &base).expect("distribution");
-    let o = oracle(row, params, prompt, &[]).expect("oracle");
+    let o = oracle(row, params, prompt, output).expect("oracle");
     assert!(
         !o.fragile,
         "{what}: test row sits on a rounding boundary; pick another"
@@ -159,6 +172,50 @@ fn vocab_111_all_filters_and_repetition_penalty() {
         Vary::Position,
         "111, T 0.5, k 40, p 0.95, r 1.3",
     );
+}
+
+#[test]
+fn vocab_111_min_p_penalties_and_logit_bias() {
+    // min_p 0.05 at T 0.9 cuts the tail; frequency/presence act on the output ids only, the
+    // repetition penalty on prompt + output; the biases include clamped ones (+-100).
+    let p = SamplingParams {
+        temperature: 0.9,
+        min_p: 0.05,
+        repetition_penalty: 1.2,
+        presence_penalty: 0.7,
+        frequency_penalty: 0.3,
+        logit_bias: [(1u32, 2.0), (7, -1.5), (20, -250.0), (33, 0.8), (50, 1e6)]
+            .into_iter()
+            .collect(),
+        seed: Some(6),
+        ..Default::default()
+    };
+    let prompt: Vec<u32> = (0..20).map(|i| i * 5).collect();
+    let output: Vec<u32> = vec![3, 8, 3, 3, 60, 8, 90, 51];
+    let base = vocab_111(6);
+    let top = base.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let row: Vec<f32> = base
+        .iter()
+        .enumerate()
+        // Token 50's logit sits 100 below the row's maximum, so its clamped +100 bias makes
+        // it one candidate among others (unclamped it would take all the mass).
+        .map(|(i, &l)| if i == 50 { top - 100.0 } else { l })
+        .collect();
+    run_with_output(
+        &row,
+        &p,
+        &prompt,
+        &output,
+        60_000,
+        Vary::Position,
+        "111, T 0.9, min_p 0.05, r 1.2, presence 0.7, frequency 0.3, bias",
+    );
+    // The parameters bite: min_p removes part of the row, token 50 (clamped bias) and token 20
+    // (clamped to -100) end on either side of it.
+    let o = oracle(&row, &p, &prompt, &output).expect("oracle");
+    let support = o.support.iter().filter(|&&s| s).count();
+    assert!((2..100).contains(&support), "support {support}");
+    assert!(o.support[50] && !o.support[20]);
 }
 
 #[test]

@@ -12,7 +12,7 @@ mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use common::oracle::{oracle, OracleError};
+use common::oracle::{oracle_with_stops, OracleError};
 use common::{inverse_cdf, spec_uniform};
 use nucleus_sampling::{distribution, sample_row, SampleError, SampleRequest, SamplingParams};
 use proptest::prelude::*;
@@ -43,8 +43,50 @@ struct Case {
     params: SamplingParams,
     prompt: Vec<u32>,
     output: Vec<u32>,
+    stops: Vec<u32>,
     position: u64,
     sample_index: u32,
+}
+
+/// The raw material of the step-3/4 fields, turned into parameters once the row and the output
+/// are known (bad words from suffixes of the output, allowed ids from the masked ids).
+#[derive(Debug, Clone)]
+struct Extra {
+    /// 0: no allowed list; 1: random ids; 2: the row's -inf ids (NoCandidates when any).
+    allowed_mode: u8,
+    allowed: Vec<u32>,
+    /// (from a suffix of the output, length 1-3, last id, random prefix ids).
+    bad_words: Vec<(bool, usize, u32, Vec<u32>)>,
+    /// min_tokens = output length + this (saturating at 0); `None`: 0.
+    min_tokens_delta: Option<i64>,
+}
+
+fn extra(v: u32) -> impl Strategy<Value = Extra> {
+    let allowed_mode = prop_oneof![6 => Just(0u8), 3 => Just(1u8), 1 => Just(2u8)];
+    let bad = prop::collection::vec(
+        (
+            any::<bool>(),
+            1usize..=3,
+            0..v,
+            prop::collection::vec(0..v, 2),
+        ),
+        0..3,
+    );
+    let min_tokens = prop_oneof![2 => Just(None), 3 => (-2i64..=2).prop_map(Some)];
+    (
+        allowed_mode,
+        prop::collection::vec(0..v, 1..8),
+        bad,
+        min_tokens,
+    )
+        .prop_map(
+            |(allowed_mode, allowed, bad_words, min_tokens_delta)| Extra {
+                allowed_mode,
+                allowed,
+                bad_words,
+                min_tokens_delta,
+            },
+        )
 }
 
 fn case() -> impl Strategy<Value = Case> {
@@ -64,39 +106,99 @@ fn case() -> impl Strategy<Value = Case> {
             2 => prop::sample::select(vec![0.5f64, 1.25, 2.0]),
             4 => 0.5f64..2.0,
         ];
+        let min_p = prop_oneof![
+            4 => Just(0.0f64),
+            1 => Just(1.0f64),
+            2 => (-6.0f64..-1.0).prop_map(|e| 10f64.powf(e)),
+            3 => 0.0f64..=1.0,
+        ];
+        let additive = || {
+            prop_oneof![
+                4 => Just(0.0f64),
+                2 => prop::sample::select(vec![-2.0f64, -0.5, 0.5, 1.0, 2.0]),
+                3 => -2.0f64..=2.0,
+            ]
+        };
+        let bias_value = prop_oneof![
+            3 => -150.0f64..150.0,
+            2 => prop::sample::select(vec![-1e6f64, -100.0, -3.0, 0.5, 4.0, 100.0, 250.0, 1e6]),
+        ];
+        let bias = prop::collection::btree_map(0..v, bias_value, 0..5);
         let params = (
-            temperature,
-            -1i64..=(vocab as i64 + 5),
-            top_p,
-            penalty,
-            any::<u64>(),
+            (
+                temperature,
+                -1i64..=(vocab as i64 + 5),
+                top_p,
+                penalty,
+                any::<u64>(),
+            ),
+            (min_p, additive(), additive(), bias),
         )
-            .prop_map(|(temperature, top_k, top_p, repetition_penalty, seed)| {
-                SamplingParams {
+            .prop_map(
+                |(
+                    (temperature, top_k, top_p, repetition_penalty, seed),
+                    (min_p, presence_penalty, frequency_penalty, logit_bias),
+                )| SamplingParams {
                     temperature,
                     top_k,
                     top_p,
                     repetition_penalty,
+                    min_p,
+                    presence_penalty,
+                    frequency_penalty,
+                    logit_bias,
                     seed: Some(seed),
                     ..Default::default()
-                }
-            });
+                },
+            );
         (
             prop::collection::vec(logit(mode), vocab),
             params,
             prop::collection::vec(0..v, 0..12),
             prop::collection::vec(0..v, 0..12),
+            prop::collection::vec(0..v, 0..3),
+            extra(v),
             any::<u64>(),
             0u32..4,
         )
             .prop_map(
-                |(row, params, prompt, output, position, sample_index)| Case {
-                    row,
-                    params,
-                    prompt,
-                    output,
-                    position,
-                    sample_index,
+                |(row, mut params, prompt, output, stops, extra, position, sample_index)| {
+                    params.allowed_token_ids = match extra.allowed_mode {
+                        0 => None,
+                        1 => Some(extra.allowed),
+                        _ => {
+                            let masked: Vec<u32> = (0..row.len() as u32)
+                                .filter(|&i| row[i as usize] == f32::NEG_INFINITY)
+                                .collect();
+                            (!masked.is_empty()).then_some(masked)
+                        }
+                    };
+                    params.bad_words = extra
+                        .bad_words
+                        .into_iter()
+                        .map(|(from_suffix, len, last, random)| {
+                            let prefix_len = len - 1;
+                            let mut w: Vec<u32> = if from_suffix && output.len() >= prefix_len {
+                                output[output.len() - prefix_len..].to_vec()
+                            } else {
+                                random[..prefix_len].to_vec()
+                            };
+                            w.push(last);
+                            w
+                        })
+                        .collect();
+                    params.min_tokens = extra
+                        .min_tokens_delta
+                        .map_or(0, |d| (output.len() as i64 + d).max(0) as usize);
+                    Case {
+                        row,
+                        params,
+                        prompt,
+                        output,
+                        stops,
+                        position,
+                        sample_index,
+                    }
                 },
             )
     })
@@ -107,9 +209,10 @@ static SKIPPED: AtomicUsize = AtomicUsize::new(0);
 
 fn check(c: &Case) -> Result<(), TestCaseError> {
     RUN.fetch_add(1, Ordering::Relaxed);
-    let mut req = SampleRequest::new(&c.params, &c.prompt, &c.output, c.position);
-    req.sample_index = c.sample_index;
-    let o = oracle(&c.row, &c.params, &c.prompt, &c.output);
+    let req = SampleRequest::new(&c.params, &c.prompt, &c.output, c.position)
+        .with_stop_token_ids(&c.stops)
+        .with_sample_index(c.sample_index);
+    let o = oracle_with_stops(&c.row, &c.params, &c.prompt, &c.output, &c.stops);
     let d = distribution(&c.row, &req);
     let s = sample_row(&c.row, &req);
     let o = match o {
@@ -132,6 +235,9 @@ fn check(c: &Case) -> Result<(), TestCaseError> {
     for (i, l) in c.row.iter().enumerate() {
         if *l == f32::NEG_INFINITY {
             prop_assert_eq!(d[i], 0.0, "masked id {} has probability", i);
+        }
+        if o.penalised[i] == f64::NEG_INFINITY {
+            prop_assert_eq!(d[i], 0.0, "id {} banned by a hard constraint", i);
         }
     }
     prop_assert!((s.token as usize) < c.row.len());
@@ -212,4 +318,173 @@ fn few_rows_are_skipped_as_boundary_cases() {
         skipped * 20 < run,
         "{skipped} of {run} rows skipped as boundary cases"
     );
+}
+
+/// Step 12 after step 3, and the range checks of the step-3/4 fields, on fixed rows: the
+/// oracle and the implementation agree on the error, and on `sample_row` too.
+#[test]
+fn hard_constraints_errors_agree_with_the_oracle() {
+    let row = [f32::NEG_INFINITY, 1.0, 2.0, f32::NEG_INFINITY, 0.5];
+    let base = SamplingParams {
+        seed: Some(3),
+        ..Default::default()
+    };
+    let output = [1u32, 2];
+    let stops = [2u32, 4];
+    let no_candidates = [
+        // Only masked ids allowed.
+        SamplingParams {
+            allowed_token_ids: Some(vec![0, 3]),
+            ..base.clone()
+        },
+        // Bad words (one-token ones always, [1, 2, 4] after the output [.., 1, 2]) and the
+        // allowed list leave nothing.
+        SamplingParams {
+            allowed_token_ids: Some(vec![1, 2, 4]),
+            bad_words: vec![vec![1], vec![2], vec![1, 2, 4]],
+            ..base.clone()
+        },
+        // min_tokens bans the stop ids; bias cannot bring a -inf back.
+        SamplingParams {
+            allowed_token_ids: Some(vec![0, 2, 4]),
+            min_tokens: 3,
+            logit_bias: [(0u32, 100.0), (2, 5.0)].into_iter().collect(),
+            ..base.clone()
+        },
+    ];
+    for p in &no_candidates {
+        let req = SampleRequest::new(p, &[], &output, 9).with_stop_token_ids(&stops);
+        assert_eq!(
+            oracle_with_stops(&row, p, &[], &output, &stops).unwrap_err(),
+            OracleError::NoCandidates,
+            "{p:?}"
+        );
+        assert_eq!(
+            distribution(&row, &req),
+            Err(SampleError::NoCandidates),
+            "{p:?}"
+        );
+        assert_eq!(
+            sample_row(&row, &req),
+            Err(SampleError::NoCandidates),
+            "{p:?}"
+        );
+    }
+    // min_tokens reached: the stop ids are allowed again.
+    let p = SamplingParams {
+        allowed_token_ids: Some(vec![0, 2, 4]),
+        min_tokens: 2,
+        ..base.clone()
+    };
+    let req = SampleRequest::new(&p, &[], &output, 9).with_stop_token_ids(&stops);
+    let o = oracle_with_stops(&row, &p, &[], &output, &stops).unwrap();
+    let d = distribution(&row, &req).unwrap();
+    for (g, w) in d.iter().zip(&o.probs) {
+        assert!((g - w).abs() <= 1e-6, "{d:?} vs {:?}", o.probs);
+    }
+
+    // Ids at or above vocab_size, one field at a time.
+    let v = row.len() as u32;
+    let cases: [(&str, SamplingParams, Vec<u32>); 4] = [
+        (
+            "logit_bias",
+            SamplingParams {
+                logit_bias: [(v, 1.0)].into_iter().collect(),
+                ..base.clone()
+            },
+            vec![],
+        ),
+        (
+            "allowed_token_ids",
+            SamplingParams {
+                allowed_token_ids: Some(vec![1, v + 7]),
+                ..base.clone()
+            },
+            vec![],
+        ),
+        (
+            "bad_words",
+            SamplingParams {
+                bad_words: vec![vec![1], vec![v, 2]],
+                ..base.clone()
+            },
+            vec![],
+        ),
+        ("stop_token_ids", base.clone(), vec![2, v]),
+    ];
+    for (field, p, stops) in &cases {
+        let req = SampleRequest::new(p, &[], &output, 9).with_stop_token_ids(stops);
+        match oracle_with_stops(&row, p, &[], &output, stops) {
+            Err(OracleError::TokenIdOutOfRange { field: f, .. }) => assert_eq!(f, *field),
+            other => panic!("oracle: {other:?}"),
+        }
+        for got in [
+            distribution(&row, &req).map(|_| ()),
+            sample_row(&row, &req).map(|_| ()),
+        ] {
+            match got {
+                Err(SampleError::TokenIdOutOfRange { field: f, .. }) => {
+                    assert_eq!(f, *field, "{p:?} stops {stops:?}")
+                }
+                other => panic!("{field}: expected TokenIdOutOfRange, got {other:?}"),
+            }
+        }
+    }
+
+    // Empty allowed list, empty bad word, non-finite bias, ranges: errors naming the field.
+    let invalid = [
+        (
+            "allowed_token_ids",
+            SamplingParams {
+                allowed_token_ids: Some(vec![]),
+                ..base.clone()
+            },
+        ),
+        (
+            "bad_words",
+            SamplingParams {
+                bad_words: vec![vec![1], vec![]],
+                ..base.clone()
+            },
+        ),
+        (
+            "logit_bias",
+            SamplingParams {
+                logit_bias: [(1u32, f64::NAN)].into_iter().collect(),
+                ..base.clone()
+            },
+        ),
+        (
+            "min_p",
+            SamplingParams {
+                min_p: 1.5,
+                ..base.clone()
+            },
+        ),
+        (
+            "presence_penalty",
+            SamplingParams {
+                presence_penalty: -2.5,
+                ..base.clone()
+            },
+        ),
+        (
+            "frequency_penalty",
+            SamplingParams {
+                frequency_penalty: 2.01,
+                ..base.clone()
+            },
+        ),
+    ];
+    for (field, p) in &invalid {
+        assert_eq!(
+            oracle_with_stops(&row, p, &[], &output, &[]).unwrap_err(),
+            OracleError::InvalidParams(field)
+        );
+        let req = SampleRequest::new(p, &[], &output, 9);
+        match distribution(&row, &req) {
+            Err(SampleError::InvalidParams(e)) => assert_eq!(e.field, *field),
+            other => panic!("{field}: expected InvalidParams, got {other:?}"),
+        }
+    }
 }

@@ -1,13 +1,14 @@
 //! A slow, obvious f64 reference of the `SamplingParams` path of spec/sampling.md
-//! (steps 1, 5, 6, 7, 9, 10, 12), written from the spec alone: f64 arithmetic, full stable
-//! sorts, no cleverness.
+//! (steps 1, 3, 4, 5, 6, 7, 8, 9, 10, 12), written from the spec alone: f64 arithmetic, full
+//! stable sorts, no cleverness.
 //!
 //! Besides the final probabilities it reports whether the row is *fragile*: whether one of its
-//! decisions (argmax, top-k cut, top-p cut) lies within rounding of a boundary, or its
-//! probabilities move by more than rounding when the penalised logits are perturbed by a couple
-//! of f32 ulps enough to reach the comparison tolerance. The spec allows two correct implementations to differ there ("Arithmetic":
-//! probabilities may be computed in f32; boundary decisions within about 1e-6 relative of the
-//! boundary may go either way), so property tests skip fragile rows.
+//! decisions (argmax, min-p threshold, top-k cut, top-p cut) lies within rounding of a
+//! boundary, or its probabilities move by more than rounding when the processed logits
+//! (bias and penalties applied) are perturbed by their possible f32 rounding error enough to
+//! reach the comparison tolerance. The spec allows two correct implementations to differ there
+//! ("Arithmetic": probabilities may be computed in f32; boundary decisions within about 1e-6
+//! relative of the boundary may go either way), so property tests skip fragile rows.
 
 use nucleus_sampling::SamplingParams;
 
@@ -17,16 +18,19 @@ pub const GREEDY_BELOW: f64 = 1e-5;
 /// Relative distance to a boundary within which the spec lets implementations differ.
 pub const BOUNDARY_REL: f64 = 1e-6;
 
+/// The bound of logit bias values (spec step 4, "clamped to [-100, 100]").
+pub const BIAS_LIMIT: f64 = 100.0;
+
 /// Why the oracle returns no distribution: the spec's error kinds.
 #[derive(Clone, Debug, PartialEq)]
 pub enum OracleError {
     /// A parameter out of range, by field name.
     InvalidParams(&'static str),
-    /// A context id not below the vocabulary size.
+    /// A context or parameter id not below the vocabulary size.
     TokenIdOutOfRange { field: &'static str, token_id: u32 },
     /// NaN or +inf at this (lowest) id.
     NonFiniteLogits { token_id: u32 },
-    /// Every logit is -inf.
+    /// Every logit is -inf after the hard constraints (step 3).
     NoCandidates,
 }
 
@@ -42,7 +46,7 @@ pub struct Oracle {
     pub greedy: bool,
     /// Some decision lies within rounding of its boundary (see the module docs).
     pub fragile: bool,
-    /// The penalised logits (step 5), in f64.
+    /// The processed logits after steps 3-5 (constraints, bias, penalties), in f64.
     pub penalised: Vec<f64>,
 }
 
@@ -60,20 +64,59 @@ pub fn check_params(p: &SamplingParams) -> Result<(), OracleError> {
     if !(p.repetition_penalty > 0.0 && p.repetition_penalty.is_finite()) {
         return Err(OracleError::InvalidParams("repetition_penalty"));
     }
+    if !(p.min_p >= 0.0 && p.min_p <= 1.0) {
+        return Err(OracleError::InvalidParams("min_p"));
+    }
+    if !(p.presence_penalty >= -2.0 && p.presence_penalty <= 2.0) {
+        return Err(OracleError::InvalidParams("presence_penalty"));
+    }
+    if !(p.frequency_penalty >= -2.0 && p.frequency_penalty <= 2.0) {
+        return Err(OracleError::InvalidParams("frequency_penalty"));
+    }
+    if p.logit_bias.values().any(|b| !b.is_finite()) {
+        return Err(OracleError::InvalidParams("logit_bias"));
+    }
+    if p.allowed_token_ids.as_ref().is_some_and(|a| a.is_empty()) {
+        return Err(OracleError::InvalidParams("allowed_token_ids"));
+    }
+    if p.bad_words.iter().any(|w| w.is_empty()) {
+        return Err(OracleError::InvalidParams("bad_words"));
+    }
     Ok(())
 }
 
-/// The oracle: final probabilities of `row` (its length is the vocabulary size) under
-/// `params`, with `prompt` and `output` as the context.
+/// The oracle without EOS / stop ids (`min_tokens` then bans nothing).
 pub fn oracle(
     row: &[f32],
     params: &SamplingParams,
     prompt: &[u32],
     output: &[u32],
 ) -> Result<Oracle, OracleError> {
+    oracle_with_stops(row, params, prompt, output, &[])
+}
+
+/// The oracle: final probabilities of `row` (its length is the vocabulary size) under
+/// `params`, with `prompt` and `output` as the context and `stops` as the EOS and stop ids.
+pub fn oracle_with_stops(
+    row: &[f32],
+    params: &SamplingParams,
+    prompt: &[u32],
+    output: &[u32],
+    stops: &[u32],
+) -> Result<Oracle, OracleError> {
     check_params(params)?;
     let vocab = row.len();
-    for (field, ids) in [("prompt_ids", prompt), ("output_ids", output)] {
+    let bias_ids: Vec<u32> = params.logit_bias.keys().copied().collect();
+    let allowed: Vec<u32> = params.allowed_token_ids.clone().unwrap_or_default();
+    let bad: Vec<u32> = params.bad_words.iter().flatten().copied().collect();
+    for (field, ids) in [
+        ("prompt_ids", prompt),
+        ("output_ids", output),
+        ("logit_bias", &bias_ids[..]),
+        ("allowed_token_ids", &allowed[..]),
+        ("bad_words", &bad[..]),
+        ("stop_token_ids", stops),
+    ] {
         if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
             return Err(OracleError::TokenIdOutOfRange {
                 field,
@@ -87,61 +130,140 @@ pub fn oracle(
         return Err(OracleError::NonFiniteLogits { token_id: i as u32 });
     }
 
-    // Step 5: repetition penalty over the distinct ids of prompt + output, each once.
+    // Step 3: hard constraints.
+    let mut banned = vec![false; vocab];
+    if let Some(allowed) = &params.allowed_token_ids {
+        let mut ok = vec![false; vocab];
+        for &id in allowed {
+            ok[id as usize] = true;
+        }
+        for (b, ok) in banned.iter_mut().zip(ok) {
+            *b |= !ok;
+        }
+    }
+    for word in &params.bad_words {
+        let (last, prefix) = word.split_last().expect("non-empty");
+        if output.ends_with(prefix) {
+            banned[*last as usize] = true;
+        }
+    }
+    if output.len() < params.min_tokens {
+        for &id in stops {
+            banned[id as usize] = true;
+        }
+    }
+    let constrained: Vec<f32> = row
+        .iter()
+        .zip(&banned)
+        .map(|(&l, &b)| if b { f32::NEG_INFINITY } else { l })
+        .collect();
+
+    // Step 12: no candidate after step 3.
+    if constrained.iter().all(|l| *l == f32::NEG_INFINITY) {
+        return Err(OracleError::NoCandidates);
+    }
+
+    // Step 4: bias, clamped. Step 5: repetition over the distinct ids of prompt + output,
+    // then frequency and presence over the output ids only.
     let mut seen = vec![false; vocab];
     for &id in prompt.iter().chain(output) {
         seen[id as usize] = true;
     }
-    let r = params.repetition_penalty;
-    let penalised: Vec<f64> = row
-        .iter()
-        .zip(&seen)
-        .map(|(&l, &s)| penalise(f64::from(l), s, r))
+    let mut count = vec![0u32; vocab];
+    for &id in output {
+        count[id as usize] += 1;
+    }
+    let bias: Vec<f64> = (0..vocab as u32)
+        .map(|i| {
+            params
+                .logit_bias
+                .get(&i)
+                .map_or(0.0, |b| b.clamp(-BIAS_LIMIT, BIAS_LIMIT))
+        })
         .collect();
+    let r = params.repetition_penalty;
+    let (fq, pr) = (params.frequency_penalty, params.presence_penalty);
+    let rep_on = r != 1.0;
+    let fp_on = fq != 0.0 || pr != 0.0;
 
-    // Step 12: no candidate.
-    if penalised.iter().all(|l| *l == f64::NEG_INFINITY) {
-        return Err(OracleError::NoCandidates);
+    let mut penalised = vec![0.0f64; vocab];
+    // An upper bound of the f32 rounding error of each processed logit (0: exact everywhere).
+    let mut err = vec![0.0f64; vocab];
+    // Ids with equal keys go through identical computations, so they tie exactly.
+    let mut keys = vec![(0u32, 0u64, false, 0u32); vocab];
+    for i in 0..vocab {
+        let l = constrained[i];
+        let rep = seen[i] && rep_on;
+        let c = if fp_on { count[i] } else { 0 };
+        keys[i] = (l.to_bits(), bias[i].to_bits(), rep, c);
+        if l == f32::NEG_INFINITY {
+            penalised[i] = f64::NEG_INFINITY;
+            continue;
+        }
+        // Every operand and intermediate of any plausible evaluation order, with the magnitude
+        // its f32 rounding can reach the result with: when all are f32 values, every f32
+        // implementation computes the result exactly; otherwise each inexact one contributes
+        // at most half an f32 ulp of its magnitude (doubled here for safety), and a repetition
+        // penalty scales the earlier errors by up to max(r, 1/r).
+        let mut ops: Vec<(f64, f64)> = vec![];
+        let mut x = f64::from(l);
+        if bias[i] != 0.0 {
+            ops.push((bias[i], bias[i].abs()));
+            x += bias[i];
+            ops.push((x, x.abs()));
+        }
+        if rep {
+            x = if x > 0.0 { x / r } else { x * r };
+            ops.push((r, x.abs()));
+            ops.push((x, x.abs()));
+        }
+        if c > 0 {
+            let cf = f64::from(c) * fq;
+            ops.extend([
+                (fq, cf.abs()),
+                (pr, pr.abs()),
+                (cf, cf.abs()),
+                (cf + pr, (cf + pr).abs()),
+                (x - cf, (x - cf).abs()),
+            ]);
+            x -= cf + pr;
+            ops.push((x, x.abs()));
+        }
+        let scale = if rep { r.max(1.0 / r) } else { 1.0 };
+        err[i] = f64::powi(2.0, -22)
+            * scale
+            * ops
+                .iter()
+                .filter(|(v, _)| f64::from(*v as f32) != *v)
+                .map(|(_, m)| m)
+                .sum::<f64>();
+        penalised[i] = x;
     }
 
-    // Which ids' penalised logits carry a rounding error in an f32 implementation: a penalised
-    // id whose value differs between f64 and f32 arithmetic (or r itself is not an f32).
-    let inexact: Vec<bool> = row
-        .iter()
-        .zip(&seen)
-        .map(|(&l, &s)| s && r != 1.0 && !penalty_is_exact(l, r))
-        .collect();
-    let keys: Vec<(u32, bool)> = row
-        .iter()
-        .zip(&seen)
-        .map(|(l, s)| (l.to_bits(), *s && r != 1.0))
-        .collect();
+    let mut out = core(&penalised, params, &keys, &err);
 
-    let mut out = core(&penalised, params, &keys, &inexact);
-
-    // Sensitivity to the rounding of the penalty: perturb the inexact penalised logits by
-    // +-2 f32 ulps (relative 2^-22; an f32 implementation's penalty is off by at most about
-    // 2^-23: r rounded to f32, then the quotient rounded) with sign patterns that give every
-    // pair of ids opposite signs in at least one pattern (bit b of the id). The response is
-    // about linear, so an implementation moves by at most about half of it; the row is fragile
-    // when the perturbation moves a probability by more than 1e-6 (the comparison tolerance),
-    // as happens at tiny temperatures with near-ties of penalised and unpenalised logits.
-    if inexact.iter().any(|&x| x) && !out.fragile {
+    // Sensitivity to the rounding of bias and penalties: perturb the inexact processed logits
+    // by +-err (twice the worst f32 rounding of the operations involved) with sign patterns
+    // that give every pair of ids opposite signs in at least one pattern (bit b of the id).
+    // The response is about linear, so an implementation moves by at most about half of it;
+    // the row is fragile when the perturbation moves a probability by more than 1e-6 (the
+    // comparison tolerance), as happens at tiny temperatures with near-ties.
+    if err.iter().any(|&e| e > 0.0) && !out.fragile {
         let bits = usize::BITS - vocab.leading_zeros();
         'patterns: for b in 0..bits.max(1) {
             let perturbed: Vec<f64> = penalised
                 .iter()
                 .enumerate()
                 .map(|(i, &l)| {
-                    if inexact[i] && l.is_finite() {
+                    if err[i] > 0.0 && l.is_finite() {
                         let sign = if (i >> b) & 1 == 1 { 1.0 } else { -1.0 };
-                        l * (1.0 + sign * f64::powi(2.0, -22))
+                        l + sign * err[i]
                     } else {
                         l
                     }
                 })
                 .collect();
-            let alt = core(&perturbed, params, &keys, &inexact);
+            let alt = core(&perturbed, params, &keys, &err);
             let moved = alt
                 .probs
                 .iter()
@@ -156,38 +278,10 @@ pub fn oracle(
     Ok(out)
 }
 
-fn penalise(l: f64, seen: bool, r: f64) -> f64 {
-    if !seen {
-        l
-    } else if l > 0.0 {
-        l / r
-    } else {
-        l * r
-    }
-}
+type Key = (u32, u64, bool, u32);
 
-/// Whether `l / r` (or `l * r`) is exact in every plausible f32 implementation: `r` is an f32
-/// and the f32 result equals the f64 result.
-fn penalty_is_exact(l: f32, r: f64) -> bool {
-    let rf = r as f32;
-    if f64::from(rf) != r {
-        return false;
-    }
-    let (f32_result, f64_result) = if l > 0.0 {
-        (l / rf, f64::from(l) / r)
-    } else {
-        (l * rf, f64::from(l) * r)
-    };
-    f64::from(f32_result) == f64_result
-}
-
-/// Steps 6-10 on penalised logits.
-fn core(
-    penalised: &[f64],
-    params: &SamplingParams,
-    keys: &[(u32, bool)],
-    inexact: &[bool],
-) -> Oracle {
+/// Steps 6-10 on processed logits.
+fn core(penalised: &[f64], params: &SamplingParams, keys: &[Key], err: &[f64]) -> Oracle {
     let vocab = penalised.len();
     let candidates: Vec<usize> = (0..vocab)
         .filter(|&i| penalised[i] != f64::NEG_INFINITY)
@@ -209,7 +303,7 @@ fn core(
         probs[winner] = 1.0;
         let mut support = vec![false; vocab];
         support[winner] = true;
-        let fragile = fragile_cut(&by_logit, 1, penalised, max, keys, inexact);
+        let fragile = fragile_cut(&by_logit, 1, penalised, max, keys, err);
         return Oracle {
             probs,
             support,
@@ -220,21 +314,48 @@ fn core(
     }
 
     let mut fragile = false;
+    let t = params.temperature;
+
+    // Step 8: min-p. p_i >= min_p * p_max  <=>  (l_i - max) / T >= ln(min_p); ties kept.
+    // `by_logit` is in probability order, so the survivors are a prefix of it.
+    let mut survivors: Vec<usize> = by_logit.clone();
+    if params.min_p > 0.0 {
+        let ln_min_p = params.min_p.ln();
+        let top = by_logit[0];
+        let mut kept = Vec::new();
+        for &i in &by_logit {
+            let x = (penalised[i] - max) / t;
+            // The rounding of x in f32 (subtraction, division, exp) and of the processed logits.
+            let margin = BOUNDARY_REL
+                + f64::powi(2.0, -21) * (x.abs() + (penalised[i].abs() + max.abs()) / t)
+                + 2.0 * (err[i] + err[top]) / t;
+            if (x - ln_min_p).abs() <= margin {
+                // An exact tie with the maximum at min_p = 1 is decided exactly.
+                let exact_tie_with_max = params.min_p == 1.0
+                    && penalised[i] == max
+                    && (keys[i] == keys[top] || (err[i] == 0.0 && err[top] == 0.0));
+                if !exact_tie_with_max {
+                    fragile = true;
+                }
+            }
+            if x >= ln_min_p || penalised[i] == max {
+                kept.push(i);
+            }
+        }
+        survivors = kept;
+    }
 
     // Step 9: top-k, exact k, on the candidate order above. 0, -1 and k >= vocab are off.
     let k = params.top_k;
-    let mut survivors: Vec<usize> = if k > 0 && (k as u64) < vocab as u64 {
+    if k > 0 && (k as u64) < vocab as u64 {
         let k = k as usize;
-        if k < by_logit.len() {
-            fragile |= fragile_cut(&by_logit, k, penalised, max, keys, inexact);
+        if k < survivors.len() {
+            fragile |= fragile_cut(&survivors, k, penalised, max, keys, err);
+            survivors.truncate(k);
         }
-        by_logit.iter().copied().take(k).collect()
-    } else {
-        by_logit.clone()
-    };
+    }
 
     // Step 7: temperature after max subtraction; weights of the survivors.
-    let t = params.temperature;
     let weight = |i: usize| ((penalised[i] - max) / t).exp();
 
     // Step 10: top-p on the renormalised survivors, in probability order (ties toward the
@@ -261,7 +382,7 @@ fn core(
         }
         if cut < order.len() {
             // Near-ties in probability at the cut are near-ties in scaled logit.
-            fragile |= fragile_cut(&order, cut, penalised, max, keys, inexact);
+            fragile |= fragile_cut(&order, cut, penalised, max, keys, err);
         }
         order.truncate(cut);
         survivors = order;
@@ -285,23 +406,24 @@ fn core(
 
 /// Whether the cut between `order[cut - 1]` (kept) and `order[cut]` (dropped) could fall
 /// differently in a correct f32 implementation: the two values are within rounding of each
-/// other (relative [`BOUNDARY_REL`] of the magnitudes involved, max subtraction included) and
-/// some pair of ids near the cut is not an exact tie of identical computations (same input
-/// bits, same penalty status) or of exactly computed values.
+/// other (relative [`BOUNDARY_REL`] of the magnitudes involved, max subtraction included, plus
+/// the rounding bounds `err` of the processed logits) and some pair of ids near the cut is not
+/// an exact tie of identical computations (same key) or of exactly computed values.
 fn fragile_cut(
     order: &[usize],
     cut: usize,
     penalised: &[f64],
     max: f64,
-    keys: &[(u32, bool)],
-    inexact: &[bool],
+    keys: &[Key],
+    err: &[f64],
 ) -> bool {
     if cut == 0 || cut >= order.len() {
         return false;
     }
-    let a = penalised[order[cut - 1]];
-    let b = penalised[order[cut]];
-    let tol = BOUNDARY_REL * (a.abs() + b.abs() + max.abs()) + 1e-300;
+    let (ia, ib) = (order[cut - 1], order[cut]);
+    let a = penalised[ia];
+    let b = penalised[ib];
+    let tol = BOUNDARY_REL * (a.abs() + b.abs() + max.abs()) + 2.0 * (err[ia] + err[ib]) + 1e-300;
     if (a - b).abs() > tol {
         return false;
     }
@@ -309,12 +431,15 @@ fn fragile_cut(
     let near: Vec<usize> = order
         .iter()
         .copied()
-        .filter(|&i| (penalised[i] - a).abs() <= tol || (penalised[i] - b).abs() <= tol)
+        .filter(|&i| {
+            let t = tol + 2.0 * err[i];
+            (penalised[i] - a).abs() <= t || (penalised[i] - b).abs() <= t
+        })
         .collect();
     for (n, &i) in near.iter().enumerate() {
         for &j in &near[n + 1..] {
             let same_computation = keys[i] == keys[j];
-            let exact_tie = penalised[i] == penalised[j] && !inexact[i] && !inexact[j];
+            let exact_tie = penalised[i] == penalised[j] && err[i] == 0.0 && err[j] == 0.0;
             if !(same_computation || exact_tie) {
                 return true;
             }
