@@ -67,10 +67,11 @@ pub enum SampleError {
     /// No seed was given and the operating system's entropy source failed.
     #[error("no seed given and none could be drawn from the OS: {0}")]
     SeedUnavailable(String),
-    /// A context token id (prompt or generated) is not below `vocab_size`.
+    /// A token id given with the request (context or parameters) is not below `vocab_size`.
     #[error("{field} holds token id {token_id}, not below vocab_size {vocab_size}")]
     TokenIdOutOfRange {
-        /// `"prompt_ids"` or `"output_ids"`.
+        /// Where the id was: `"prompt_ids"`, `"output_ids"`, `"stop_token_ids"`,
+        /// `"logit_bias"`, `"allowed_token_ids"` or `"bad_words"`.
         field: &'static str,
         /// The offending id.
         token_id: u32,

@@ -8,8 +8,11 @@
 //! Key types:
 //! - [`LogitsView`]: a borrowed, checked `[batch, row_len]` f32 matrix with a row stride and a
 //!   `vocab_size` that may be smaller than the row (padded embedding tables).
-//! - [`SamplingParams`]: one request's parameters (temperature, top_k, top_p,
-//!   repetition_penalty, seed), validated by [`SamplingParams::validate`].
+//! - [`SamplingParams`]: one request's parameters (temperature, top_k, top_p, min_p,
+//!   repetition / presence / frequency penalties, logit_bias, allowed_token_ids, bad_words,
+//!   min_tokens, seed), validated by [`SamplingParams::validate`].
+//! - [`InputKind`]: rows of logits (default) or of probabilities (`*_from_probs`); rows may be
+//!   f32, f16 or bf16 ([`LogitValue`]).
 //! - [`SampleRequest`]: parameters plus context (prompt ids, generated ids, position, sample
 //!   index) for one row.
 //! - [`sample_batch`]: samples every row (rows in parallel on the current rayon pool) and returns
@@ -37,11 +40,13 @@
 //! assert!(results[1].is_ok());
 //! ```
 //!
-//! The order of operations (spec/sampling.md): 1. row check (NaN/+inf is an error for that row),
-//! 5. repetition penalty, 6. greedy when temperature < 1e-5, 7. temperature, 9. top-k (exact k,
-//! ties to the lower id), 10. top-p (smallest prefix reaching p), 11. inverse-CDF selection in
-//! token-id order with one uniform from the request's Philox stream, 12. no candidate is an error.
-//! No path sorts the vocabulary: the k-th value and the top-p boundary are found in linear time.
+//! The order of operations (spec/sampling.md): 1. row check (NaN/+inf is an error for that
+//! row), 3. hard constraints (allowed_token_ids, bad_words, min_tokens) set -inf, 4. logit_bias
+//! (clamped to ±100), 5. repetition penalty, then frequency and presence penalties, 6. greedy
+//! when temperature < 1e-5, 7. temperature, 8. min_p, 9. top-k (exact k, ties to the lower id),
+//! 10. top-p (smallest prefix reaching p), 11. inverse-CDF selection in token-id order with one
+//! uniform from the request's Philox stream, 12. no candidate is an error. No path sorts the
+//! vocabulary: the k-th value and the top-p boundary are found in linear time.
 
 #![warn(missing_docs)]
 

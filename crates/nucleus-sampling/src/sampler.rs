@@ -1,10 +1,10 @@
-//! The `SamplingParams` path: one fixed chain of spec/sampling.md steps 1, 5, 6, 7, 9, 10, 11
-//! and 12, in linear time per row (no sort of the vocabulary).
+//! The `SamplingParams` path: one fixed chain of spec/sampling.md steps 1 and 3-12, in linear
+//! time per row (no sort of the vocabulary).
 //!
 //! How a row is processed:
 //! 1. One pass finds the maximum and rejects NaN / +inf (step 1).
-//! 2. The repetition penalty (step 5) is applied to a per-thread copy of the row, only when it
-//!    is on and there is context; the caller's logits are never written.
+//! 2. Hard constraints, logit bias and penalties (steps 3-5) are applied to a per-thread copy of
+//!    the row, only when one of them changes something; the caller's logits are never written.
 //! 3. Greedy (step 6) is the argmax, ties to the lowest id.
 //! 4. Top-k (step 9) keeps a small buffer of candidates above a rising threshold and compacts it
 //!    with a linear-time selection; the order is (logit descending, id ascending), so ties go
@@ -107,7 +107,7 @@ pub struct SampleOutput {
 /// Samples one token per row of `logits`: rows in parallel on the current rayon pool (use
 /// `pool.install(|| sample_batch(..))` to choose the pool).
 ///
-/// Arguments: `logits` `[batch, row_len]` f32 with `vocab_size` candidate ids per row;
+/// Arguments: `logits` `[batch, row_len]` f32, f16 or bf16, logits or probabilities ([`LogitsView::kind`]), with `vocab_size` candidate ids per row;
 /// `requests`, one per row, in row order.
 ///
 /// Returns one `Result` per row, in row order. A row's result depends only on its logits and
@@ -143,8 +143,7 @@ pub fn sample_batch<T: LogitValue>(
 
 /// Samples one row: `row` holds the `vocab_size = row.len()` candidate logits (f32).
 ///
-/// Applies spec/sampling.md steps 1, 5, 6, 7, 9, 10, 11 and 12 in that order; see the crate
-/// docs. The caller's logits are not modified (the penalty works on a per-thread copy).
+/// Applies spec/sampling.md steps 1 and 3-12 in that order; see the crate docs. The caller's logits are not modified (the penalty works on a per-thread copy).
 ///
 /// # Errors
 /// - [`SampleError::InvalidParams`]: a parameter out of range (checked first).
