@@ -107,8 +107,9 @@ pub struct SampleOutput {
 /// Samples one token per row of `logits`: rows in parallel on the current rayon pool (use
 /// `pool.install(|| sample_batch(..))` to choose the pool).
 ///
-/// Arguments: `logits` `[batch, row_len]` f32, f16 or bf16, logits or probabilities ([`LogitsView::kind`]), with `vocab_size` candidate ids per row;
-/// `requests`, one per row, in row order.
+/// Arguments: `logits` `[batch, row_len]` f32, f16 or bf16, logits or probabilities
+/// ([`LogitsView::kind`]), with `vocab_size` candidate ids per row; `requests`, one per row,
+/// in row order.
 ///
 /// Returns one `Result` per row, in row order. A row's result depends only on its logits and
 /// its request, never on the other rows or the thread count.
