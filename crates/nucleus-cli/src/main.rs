@@ -1,6 +1,7 @@
 //! `nucleus`: the command-line tool of the nucleus workspace.
 //!
-//! `nucleus generate` runs a GGUF Llama model and chooses every token with nucleus-sampling.
+//! `nucleus generate` runs a GGUF Llama model and chooses every token with nucleus-sampling;
+//! `nucleus bench sampling` measures the sampler against baselines (`nucleus_cli::bench`).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -26,6 +27,32 @@ struct Cli {
 enum Command {
     /// Generate text with a GGUF Llama model, every token chosen by nucleus-sampling.
     Generate(GenerateArgs),
+    /// Measure speed against named baselines on generated data.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCommand {
+    /// Time nucleus-sampling, a sort-based reference and candle's LogitsProcessor on seeded
+    /// synthetic logits, against a max pass and a max+sum-of-exp pass; prints a Markdown table.
+    Sampling(BenchSamplingArgs),
+}
+
+#[derive(Args, Debug)]
+struct BenchSamplingArgs {
+    /// Token ids per row (at least 64).
+    #[arg(long, default_value_t = 151_936)]
+    vocab: usize,
+    /// Rows sampled per call.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// Threads of the rayon pool that every method runs in.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Timed runs per measurement (default: at least 7, more within 0.25 s each); µs are medians.
+    #[arg(long)]
+    iters: Option<usize>,
 }
 
 #[derive(Args, Debug)]
@@ -74,6 +101,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(args) => generate(args),
+        Command::Bench(BenchCommand::Sampling(args)) => bench_sampling(args),
     };
     match result {
         Ok(code) => code,
@@ -201,6 +229,19 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// Runs `nucleus bench sampling`: the table goes to stdout.
+fn bench_sampling(args: BenchSamplingArgs) -> Result<ExitCode> {
+    let config = nucleus_cli::bench::sampling::Config {
+        vocab: args.vocab,
+        batch: args.batch,
+        threads: args.threads,
+        iters: args.iters,
+        ..Default::default()
+    };
+    nucleus_cli::bench::sampling::run(&config, &mut std::io::stdout())?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn candle_device() -> nucleus_engine::Device {

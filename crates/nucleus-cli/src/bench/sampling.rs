@@ -1,0 +1,446 @@
+//! `nucleus bench sampling`: the speed of nucleus-sampling against named baselines on the same
+//! data in one run, as ratios (DESIGN.md: "speed is measured as a ratio against named baselines
+//! in one run, and against the memory-bandwidth floor").
+//!
+//! What runs, per workload of [`workload::workloads`] on [`workload::Logits`]:
+//! - [`Method::Nucleus`] is [`nucleus_sampling::sample_batch`];
+//! - [`Method::SortReference`] is [`reference`], the full-sort way PyTorch users and MiniMind
+//!   sample;
+//! - [`Method::Candle`] is candle-transformers' `LogitsProcessor` (feature `candle-baseline`);
+//!
+//! and, once, the two floors of [`floors`]: a vectorised max pass and a max + sum-of-exp pass.
+//! Every method samples all rows of the batch on the current rayon pool (nucleus-sampling's own
+//! parallelism; the baselines' rows with `par_iter`), so a pool of N threads serves all of them
+//! alike. Times are per row: the time of one batch divided by the batch, the median over
+//! repeated timed runs, all measurements interleaved ([`median_us_per_row`]).
+//!
+//! The criterion benchmark (`benches/sampling.rs`) and the CLI both drive [`Bench`].
+
+pub mod floors;
+pub mod reference;
+pub mod workload;
+
+#[cfg(feature = "candle-baseline")]
+pub mod candle;
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context, Result};
+use nucleus_sampling::{sample_batch, LogitsView, SampleRequest};
+use rayon::prelude::*;
+
+use floors::Isa;
+use workload::{Logits, Workload, HISTORY};
+
+/// What `nucleus bench sampling` measures.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// Token ids per row.
+    pub vocab: usize,
+    /// Rows per call.
+    pub batch: usize,
+    /// Threads of the rayon pool everything runs in.
+    pub threads: usize,
+    /// Timed runs per measurement; `None`: at least [`AUTO_MIN_RUNS`], until [`AUTO_BUDGET`]
+    /// per measurement.
+    pub iters: Option<usize>,
+    /// Seed of the generated logits.
+    pub seed: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            vocab: 151_936,
+            batch: 1,
+            threads: 1,
+            iters: None,
+            seed: workload::DEFAULT_SEED,
+        }
+    }
+}
+
+/// Fewest timed runs of an automatic measurement.
+pub const AUTO_MIN_RUNS: usize = 7;
+/// Most timed runs of an automatic measurement.
+pub const AUTO_MAX_RUNS: usize = 2_000;
+/// An automatic measurement stops taking rounds once this much time per job was spent (after
+/// [`AUTO_MIN_RUNS`] rounds).
+pub const AUTO_BUDGET: Duration = Duration::from_millis(250);
+
+/// A sampler measured on the workloads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    /// nucleus-sampling's `sample_batch`.
+    Nucleus,
+    /// The sort-based reference ([`reference`]).
+    SortReference,
+    /// candle-transformers' `LogitsProcessor`.
+    Candle,
+}
+
+impl Method {
+    /// Every method, in table order.
+    pub const ALL: [Method; 3] = [Method::Nucleus, Method::SortReference, Method::Candle];
+
+    /// Short name: `"nucleus"`, `"sort-ref"`, `"candle"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::Nucleus => "nucleus",
+            Method::SortReference => "sort-ref",
+            Method::Candle => "candle",
+        }
+    }
+}
+
+/// A floor pass over every row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Floor {
+    /// [`floors::max_pass`].
+    Max(Isa),
+    /// [`floors::max_sum_exp_pass`].
+    MaxSumExp(Isa),
+}
+
+impl Floor {
+    /// E.g. `"max pass (avx512)"`.
+    pub fn name(self) -> String {
+        match self {
+            Floor::Max(isa) => format!("max pass ({})", isa.name()),
+            Floor::MaxSumExp(isa) => format!("max+sum-exp pass ({})", isa.name()),
+        }
+    }
+}
+
+/// The generated data and everything each method needs, built once, outside the timing.
+pub struct Bench {
+    logits: Logits,
+    #[cfg(feature = "candle-baseline")]
+    candle: candle::CandleLogits,
+}
+
+impl Bench {
+    /// Generates `[batch, vocab]` logits from `seed` ([`Logits::generate`]) and the candle
+    /// tensor holding them.
+    ///
+    /// # Errors
+    /// `vocab` below 64 or above `u32::MAX`, `batch` 0, or candle failing to build the tensor.
+    pub fn new(batch: usize, vocab: usize, seed: u64) -> Result<Self> {
+        ensure!(
+            (64..=u32::MAX as usize).contains(&vocab),
+            "--vocab {vocab}: must be in 64..=4294967295"
+        );
+        ensure!(batch >= 1, "--batch must be at least 1");
+        let logits = Logits::generate(batch, vocab, seed);
+        Ok(Self {
+            #[cfg(feature = "candle-baseline")]
+            candle: candle::CandleLogits::new(&logits)?,
+            logits,
+        })
+    }
+
+    /// The generated logits.
+    pub fn logits(&self) -> &Logits {
+        &self.logits
+    }
+
+    /// The repetition-penalty context of row `i` under `w`: the row's previous ids, or none.
+    pub fn context(&self, w: &Workload, i: usize) -> &[u32] {
+        if w.uses_history {
+            &self.logits.history[i]
+        } else {
+            &[]
+        }
+    }
+
+    /// Whether `method` can run `w` (candle: built with feature `candle-baseline`, and candle
+    /// has the filters `w` asks for).
+    pub fn supports(&self, method: Method, w: &Workload) -> bool {
+        match method {
+            Method::Nucleus | Method::SortReference => true,
+            #[cfg(feature = "candle-baseline")]
+            Method::Candle => candle::sampling_for(&w.params, self.logits.vocab).is_some(),
+            #[cfg(not(feature = "candle-baseline"))]
+            Method::Candle => {
+                let _ = w;
+                false
+            }
+        }
+    }
+
+    /// Samples every row once with `method` under `w`, rows on the current rayon pool, and
+    /// returns one token per row. Every row is at position [`HISTORY`], seed `w.params.seed`.
+    ///
+    /// # Errors
+    /// A row that nucleus-sampling or candle reports as failed, or a method that
+    /// [`Bench::supports`] rejects.
+    pub fn sample(&self, method: Method, w: &Workload) -> Result<Vec<u32>> {
+        let batch = self.logits.batch;
+        let position = HISTORY as u64;
+        match method {
+            Method::Nucleus => {
+                let view = LogitsView::dense(&self.logits.data, batch, self.logits.vocab)?;
+                let requests: Vec<SampleRequest<'_>> = (0..batch)
+                    .map(|i| SampleRequest::new(&w.params, &[], self.context(w, i), position))
+                    .collect();
+                sample_batch(&view, &requests)?
+                    .into_iter()
+                    .map(|r| Ok(r?.token))
+                    .collect()
+            }
+            Method::SortReference => Ok((0..batch)
+                .into_par_iter()
+                .map(|i| {
+                    reference::sample_row(
+                        self.logits.row(i),
+                        &w.params,
+                        self.context(w, i),
+                        position,
+                    )
+                })
+                .collect()),
+            #[cfg(feature = "candle-baseline")]
+            Method::Candle => {
+                let sampling = candle::sampling_for(&w.params, self.logits.vocab)
+                    .with_context(|| format!("candle has no sampler for {}", w.label()))?;
+                (0..batch)
+                    .into_par_iter()
+                    .map(|i| {
+                        self.candle
+                            .sample_row(i, &w.params, &sampling, self.context(w, i))
+                    })
+                    .collect()
+            }
+            #[cfg(not(feature = "candle-baseline"))]
+            Method::Candle => anyhow::bail!("built without the candle-baseline feature"),
+        }
+    }
+
+    /// Runs `floor` over every row, rows on the current rayon pool; returns the max (or the sum
+    /// of exp) per row.
+    pub fn floor(&self, floor: Floor) -> Vec<f32> {
+        (0..self.logits.batch)
+            .into_par_iter()
+            .map(|i| {
+                let row = self.logits.row(i);
+                match floor {
+                    Floor::Max(isa) => floors::max_pass(isa, row),
+                    Floor::MaxSumExp(isa) => floors::max_sum_exp_pass(isa, row).1,
+                }
+            })
+            .collect()
+    }
+}
+
+/// One thing that is timed: a floor pass or a method on a workload, over the whole batch.
+#[derive(Clone, Copy, Debug)]
+pub enum Job<'a> {
+    /// [`Bench::floor`].
+    Floor(Floor),
+    /// [`Bench::sample`].
+    Sample(Method, &'a Workload),
+}
+
+impl Bench {
+    /// Runs `job` once.
+    ///
+    /// # Errors
+    /// As [`Bench::sample`].
+    pub fn run_job(&self, job: Job<'_>) -> Result<()> {
+        match job {
+            Job::Floor(floor) => {
+                std::hint::black_box(self.floor(floor));
+            }
+            Job::Sample(method, w) => {
+                std::hint::black_box(self.sample(method, w)?);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Times every job and returns, per job, the median time per row in µs.
+///
+/// The jobs are interleaved: each round runs every job once, timed, so a slow spell of the
+/// machine (another process, a frequency change) falls on all of them alike rather than on
+/// whichever was being measured, and the ratios stay fair. A job under 2 ms per call gets one
+/// untimed call right before its timed one, so its data are in cache as when it runs alone.
+/// Rounds: `iters`, or automatically at least [`AUTO_MIN_RUNS`], then more until
+/// [`AUTO_BUDGET`] per job has passed or [`AUTO_MAX_RUNS`] rounds. A warm-up round comes first.
+///
+/// # Errors
+/// The first job that fails.
+pub fn median_us_per_row(
+    bench: &Bench,
+    jobs: &[Job<'_>],
+    iters: Option<usize>,
+) -> Result<Vec<f64>> {
+    let per_row = |d: Duration| d.as_secs_f64() * 1e6 / bench.logits.batch as f64;
+    let mut last = vec![Duration::ZERO; jobs.len()];
+    for (job, last) in jobs.iter().zip(&mut last) {
+        let t = Instant::now();
+        bench.run_job(*job)?;
+        *last = t.elapsed();
+    }
+    let (min_rounds, max_rounds) = match iters {
+        Some(n) => (n, n),
+        None => (AUTO_MIN_RUNS, AUTO_MAX_RUNS),
+    };
+    let budget = AUTO_BUDGET * jobs.len() as u32;
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); jobs.len()];
+    let start = Instant::now();
+    let mut rounds = 0;
+    while rounds < min_rounds || (rounds < max_rounds && start.elapsed() < budget) {
+        for ((job, last), times) in jobs.iter().zip(&mut last).zip(&mut times) {
+            if *last < Duration::from_millis(2) {
+                bench.run_job(*job)?;
+            }
+            let t = Instant::now();
+            bench.run_job(*job)?;
+            *last = t.elapsed();
+            times.push(per_row(*last));
+        }
+        rounds += 1;
+    }
+    Ok(times.into_iter().map(median).collect())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Runs the whole measurement of `config` in a rayon pool of `config.threads` threads and
+/// writes the table to `out` (Markdown).
+///
+/// # Errors
+/// A bad configuration (zero threads, batch or iterations; vocab below 64), a failed row, or
+/// a failed write.
+pub fn run(config: &Config, out: &mut (dyn Write + Send)) -> Result<()> {
+    ensure!(config.threads >= 1, "--threads must be at least 1");
+    ensure!(config.iters != Some(0), "--iters must be at least 1");
+    let bench = Bench::new(config.batch, config.vocab, config.seed)?;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(config.threads)
+        .build()
+        .context("building the thread pool")?;
+    pool.install(|| write_table(&bench, config, out))
+}
+
+fn write_table(bench: &Bench, config: &Config, out: &mut (dyn Write + Send)) -> Result<()> {
+    let isa = Isa::best();
+    let mut jobs = vec![
+        Job::Floor(Floor::Max(isa)),
+        Job::Floor(Floor::MaxSumExp(isa)),
+    ];
+    if isa != Isa::Baseline {
+        jobs.push(Job::Floor(Floor::Max(Isa::Baseline)));
+        jobs.push(Job::Floor(Floor::MaxSumExp(Isa::Baseline)));
+    }
+    let floor_jobs = jobs.len();
+    let workloads = workload::workloads();
+    for w in &workloads {
+        for method in Method::ALL {
+            if bench.supports(method, w) {
+                jobs.push(Job::Sample(method, w));
+            }
+        }
+    }
+    let us = median_us_per_row(bench, &jobs, config.iters)?;
+    let (max_us, sum_exp_us) = (us[0], us[1]);
+    let sample_us = |method: Method, w: &Workload| -> Option<f64> {
+        jobs.iter()
+            .zip(&us)
+            .skip(floor_jobs)
+            .find_map(|(job, &t)| match job {
+                Job::Sample(m, jw) if *m == method && jw.id == w.id => Some(t),
+                _ => None,
+            })
+    };
+
+    let iters = match config.iters {
+        Some(n) => format!("{n} timed runs"),
+        None => format!(
+            "at least {AUTO_MIN_RUNS} timed runs, more within {} ms per measurement",
+            AUTO_BUDGET.as_millis()
+        ),
+    };
+    writeln!(
+        out,
+        "nucleus bench sampling: vocab {}, batch {}, threads {}; µs per row, median of {iters}, all measurements interleaved",
+        config.vocab, config.batch, config.threads
+    )?;
+    write!(
+        out,
+        "floors ({}): max pass {} µs, max+sum-exp pass {} µs",
+        isa.name(),
+        fmt_us(max_us),
+        fmt_us(sum_exp_us)
+    )?;
+    if isa != Isa::Baseline {
+        write!(
+            out,
+            "; compiled for the build's target like nucleus: {} µs, {} µs",
+            fmt_us(us[2]),
+            fmt_us(us[3])
+        )?;
+    }
+    writeln!(out)?;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "| workload | nucleus µs | sort-ref µs | candle µs | nucleus/max | nucleus/max+sum-exp | sort-ref/nucleus | candle/nucleus |"
+    )?;
+    writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|")?;
+    for w in &workloads {
+        let nucleus = sample_us(Method::Nucleus, w).context("nucleus runs every workload")?;
+        let sort = sample_us(Method::SortReference, w);
+        let candle = sample_us(Method::Candle, w);
+        let cell = |v: Option<f64>, f: fn(f64) -> String| v.map_or("n/a".to_string(), f);
+        writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            w.label(),
+            fmt_us(nucleus),
+            cell(sort, fmt_us),
+            cell(candle, fmt_us),
+            fmt_ratio(nucleus / max_us),
+            fmt_ratio(nucleus / sum_exp_us),
+            cell(sort.map(|s| s / nucleus), fmt_ratio),
+            cell(candle.map(|c| c / nucleus), fmt_ratio),
+        )?;
+    }
+    if !cfg!(feature = "candle-baseline") {
+        writeln!(out)?;
+        writeln!(
+            out,
+            "candle: not measured, built without feature candle-baseline"
+        )?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+fn fmt_us(us: f64) -> String {
+    if us >= 100.0 {
+        format!("{us:.0}")
+    } else if us >= 10.0 {
+        format!("{us:.1}")
+    } else {
+        format!("{us:.2}")
+    }
+}
+
+fn fmt_ratio(r: f64) -> String {
+    if r >= 10.0 {
+        format!("{r:.0}x")
+    } else {
+        format!("{r:.2}x")
+    }
+}
