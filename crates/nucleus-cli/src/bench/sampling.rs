@@ -8,7 +8,7 @@
 //!   sample;
 //! - [`Method::Candle`] is candle-transformers' `LogitsProcessor` (feature `candle-baseline`);
 //!
-//! and, once, the two floors of [`floors`]: a vectorised max pass and a max + sum-of-exp pass.
+//! and the two floors of [`floors`]: a vectorised max pass and a max + sum-of-exp pass.
 //! Every method samples all rows of the batch on the current rayon pool (nucleus-sampling's own
 //! parallelism; the baselines' rows with `par_iter`), so a pool of N threads serves all of them
 //! alike. Times are per row: the time of one batch divided by the batch, the median over
