@@ -1,7 +1,7 @@
 //! The library side of the `nucleus` command-line tool: code that the `nucleus` binary shares
 //! with its benchmarks. Not a stable API; the operators live in the other crates.
 //!
-//! - [`bench`]: the speed measurements of `nucleus bench` (workload generators, baselines,
-//!   floors, timing), also driven by `benches/sampling.rs`.
+//! - [`bench`](mod@bench): the speed measurements of `nucleus bench` (workload generators,
+//!   baselines, floors, timing), also driven by `benches/sampling.rs`.
 
 pub mod bench;

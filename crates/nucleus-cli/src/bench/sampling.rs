@@ -4,8 +4,8 @@
 //!
 //! What runs, per workload of [`workload::workloads`] on [`workload::Logits`]:
 //! - [`Method::Nucleus`] is [`nucleus_sampling::sample_batch`];
-//! - [`Method::SortReference`] is [`reference`], the full-sort way PyTorch users and MiniMind
-//!   sample;
+//! - [`Method::SortReference`] is [`reference`](mod@reference), the full-sort way PyTorch
+//!   users and MiniMind sample;
 //! - [`Method::Candle`] is candle-transformers' `LogitsProcessor` (feature `candle-baseline`);
 //!
 //! and the two floors of [`floors`]: a vectorised max pass and a max + sum-of-exp pass.
@@ -74,7 +74,7 @@ pub const AUTO_BUDGET: Duration = Duration::from_millis(250);
 pub enum Method {
     /// nucleus-sampling's `sample_batch`.
     Nucleus,
-    /// The sort-based reference ([`reference`]).
+    /// The sort-based reference ([`reference`](mod@reference)).
     SortReference,
     /// candle-transformers' `LogitsProcessor`.
     Candle,
