@@ -247,7 +247,8 @@ impl Engine {
     ///
     /// # Errors
     /// [`EngineError::InvalidRequest`] for bad sampling parameters, `max_tokens == 0`,
-    /// `n` outside `1..=MAX_SAMPLES_PER_REQUEST`, an empty prompt, a prompt or stop token id
+    /// `n` outside `1..=MAX_SAMPLES_PER_REQUEST`, `params.n != 1` (the engine's samples are
+    /// [`Request::n`]), an empty prompt, a prompt or stop token id
     /// outside the vocabulary, or a prompt that fills the model's context; [`EngineError::Tokenizer`]; [`EngineError::Sampling`] when no
     /// seed was given and the OS gave none.
     pub fn add_request(&mut self, request: Request) -> Result<RequestInfo> {
@@ -257,6 +258,12 @@ impl Engine {
         }
         if request.max_tokens == 0 {
             return invalid("max_tokens must be at least 1".into());
+        }
+        if request.params.n != 1 {
+            return invalid(format!(
+                "params.n must be 1 in the engine (got {}): set Request::n, which forks the KV cache per sample",
+                request.params.n
+            ));
         }
         if request.n == 0 || request.n > MAX_SAMPLES_PER_REQUEST {
             return invalid(format!(

@@ -57,9 +57,9 @@ mod sampler;
 mod view;
 
 pub use error::{ParamError, SampleError, ShapeError};
-pub use params::{SamplingParams, GREEDY_TEMPERATURE, LOGIT_BIAS_LIMIT};
+pub use params::{LogprobsKind, SamplingParams, GREEDY_TEMPERATURE, LOGIT_BIAS_LIMIT, MAX_N};
 pub use sampler::{
     distribution, distribution_from_probs, os_seed, sample_batch, sample_row,
-    sample_row_from_probs, SampleOutput, SampleRequest,
+    sample_row_from_probs, Logprobs, Sample, SampleOutput, SampleRequest, TokenLogprob,
 };
 pub use view::{InputKind, LogitValue, LogitsView};

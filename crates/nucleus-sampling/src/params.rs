@@ -69,6 +69,44 @@ pub struct SamplingParams {
     /// The seed of this request's Philox4x32-10 stream. `None`: drawn from the OS for this call
     /// and reported back in [`crate::SampleOutput::seed`]; an engine draws it once per request.
     pub seed: Option<u64>,
+    /// Number of samples drawn from the one processed distribution of a row, with sample
+    /// indices `sample_index .. sample_index + n` (spec/sampling.md, "Random streams"). The
+    /// first is [`crate::SampleOutput::token`], the others
+    /// [`crate::SampleOutput::extra_samples`]. Range `1..=`[`MAX_N`]. Default 1.
+    pub n: usize,
+    /// Log-probabilities to report: `None` reports none; `Some(0)` the chosen tokens' only;
+    /// `Some(k)` also the `k` most likely tokens (ties toward the lower id), of the kind
+    /// [`Self::logprobs_kind`] (OpenAI's `top_logprobs`, vLLM's `logprobs`). At most
+    /// `vocab_size`. Default `None`.
+    pub logprobs: Option<usize>,
+    /// Which distribution [`Self::logprobs`] reports: the raw logits' log-softmax (spec step 2)
+    /// or the processed distribution that selection draws from. Default processed.
+    pub logprobs_kind: LogprobsKind,
+}
+
+/// The most samples one row may draw ([`SamplingParams::n`]).
+pub const MAX_N: usize = 1024;
+
+/// Which distribution reported log-probabilities come from (vLLM's `logprobs_mode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum LogprobsKind {
+    /// `log_softmax` of the row as given, before any constraint, bias, penalty, temperature or
+    /// filter (spec step 2). For probability input, `ln(p_i / sum p)`.
+    Raw,
+    /// The log of the final distribution of [`crate::distribution`]: `-inf` for removed
+    /// tokens; greedy is one-hot (0 for the chosen token).
+    #[default]
+    Processed,
+}
+
+impl LogprobsKind {
+    /// `"raw"` or `"processed"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogprobsKind::Raw => "raw",
+            LogprobsKind::Processed => "processed",
+        }
+    }
 }
 
 impl Default for SamplingParams {
@@ -86,6 +124,9 @@ impl Default for SamplingParams {
             bad_words: Vec::new(),
             min_tokens: 0,
             seed: None,
+            n: 1,
+            logprobs: None,
+            logprobs_kind: LogprobsKind::Processed,
         }
     }
 }
@@ -165,6 +206,9 @@ impl SamplingParams {
                 "an empty sequence",
                 "non-empty token sequences",
             ));
+        }
+        if !(1..=MAX_N).contains(&self.n) {
+            return Err(ParamError::new("n", self.n, "1..=1024"));
         }
         Ok(())
     }

@@ -29,7 +29,7 @@ use std::cmp::Ordering;
 use rayon::prelude::*;
 
 use crate::error::{SampleError, ShapeError};
-use crate::params::{SamplingParams, LOGIT_BIAS_LIMIT};
+use crate::params::{LogprobsKind, SamplingParams, LOGIT_BIAS_LIMIT};
 use crate::philox;
 use crate::view::{InputKind, LogitValue, LogitsView};
 
@@ -93,7 +93,7 @@ impl<'a> SampleRequest<'a> {
 /// The result of sampling one row.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SampleOutput {
-    /// The chosen token id (below `vocab_size`).
+    /// The chosen token id (below `vocab_size`): sample `sample_index` of the request.
     pub token: u32,
     /// Natural log of the chosen token's probability under the processed (final) distribution;
     /// 0 for greedy.
@@ -102,6 +102,49 @@ pub struct SampleOutput {
     pub num_candidates: usize,
     /// The seed used: the request's, or the one drawn from the OS when it had none.
     pub seed: u64,
+    /// Samples `sample_index + 1 .. sample_index + n` of a request with
+    /// [`SamplingParams::n`] `> 1`, drawn from the same distribution as [`Self::token`];
+    /// empty when `n = 1` (no allocation).
+    pub extra_samples: Vec<Sample>,
+    /// The log-probabilities asked for with [`SamplingParams::logprobs`]; `None` when not asked.
+    pub logprobs: Option<Logprobs>,
+}
+
+impl SampleOutput {
+    /// Every sampled token in sample order: [`Self::token`], then [`Self::extra_samples`].
+    pub fn tokens(&self) -> impl Iterator<Item = u32> + '_ {
+        std::iter::once(self.token).chain(self.extra_samples.iter().map(|s| s.token))
+    }
+}
+
+/// One of several samples drawn from one row ([`SamplingParams::n`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sample {
+    /// The chosen token id.
+    pub token: u32,
+    /// Its natural-log probability under the processed distribution (0 for greedy).
+    pub logprob: f64,
+}
+
+/// A token and its log-probability (natural log; `-inf` for a token that cannot be chosen).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TokenLogprob {
+    /// The token id.
+    pub token_id: u32,
+    /// Its natural-log probability under the distribution named by [`Logprobs::kind`].
+    pub logprob: f64,
+}
+
+/// Log-probabilities reported for one row (spec/sampling.md, "Outputs").
+#[derive(Clone, Debug, PartialEq)]
+pub struct Logprobs {
+    /// Which distribution the values come from: raw (step 2) or processed (step 11).
+    pub kind: LogprobsKind,
+    /// The log-probability of each sampled token, in sample order ([`SampleOutput::tokens`]).
+    pub sampled: Vec<f64>,
+    /// The [`SamplingParams::logprobs`] most likely tokens, most likely first, ties toward the
+    /// lower id; tokens that cannot be chosen come last with `-inf`, by ascending id.
+    pub top: Vec<TokenLogprob>,
 }
 
 /// Samples one token per row of `logits`: rows in parallel on the current rayon pool (use
@@ -176,37 +219,208 @@ fn sample_kind(
     kind: InputKind,
     request: &SampleRequest<'_>,
 ) -> Result<SampleOutput, SampleError> {
-    let seed = match request.params.seed {
+    let params = request.params;
+    let seed = match params.seed {
         Some(seed) => seed,
         None => os_seed()?,
     };
+    if params.n > 1
+        && request
+            .sample_index
+            .checked_add(params.n as u32 - 1)
+            .is_none()
+    {
+        return Err(SampleError::InvalidParams(crate::error::ParamError::new(
+            "n",
+            params.n,
+            "at most u32::MAX + 1 - sample_index (the sample indices must fit a u32)",
+        )));
+    }
+    if let Some(top) = params.logprobs {
+        if top > row.len() {
+            return Err(SampleError::InvalidParams(crate::error::ParamError::new(
+                "logprobs",
+                top,
+                "at most vocab_size",
+            )));
+        }
+    }
     with_scratch(|scratch| {
         let prepared = prepare(row, kind, request, scratch)?;
-        let (token, weight, z, num_candidates) = match prepared.support {
-            Support::Greedy(token) => {
-                return Ok(SampleOutput {
-                    token,
-                    logprob: 0.0,
-                    num_candidates: 1,
-                    seed,
-                })
-            }
-            Support::List(n) => {
-                let u = philox::uniform(seed, request.position, request.sample_index);
-                select_sparse(&scratch.cand[..n], u)
-            }
-            Support::Dense => {
-                let u = philox::uniform(seed, request.position, request.sample_index);
-                select_dense(&scratch.weights[..row.len()], u)
+        let draw = |j: usize, scratch: &Scratch| -> (u32, f32, f64, usize) {
+            match prepared.support {
+                Support::Greedy(token) => (token, 1.0, 1.0, 1),
+                Support::List(n) => {
+                    let u =
+                        philox::uniform(seed, request.position, request.sample_index + j as u32);
+                    select_sparse(&scratch.cand[..n], u)
+                }
+                Support::Dense => {
+                    let u =
+                        philox::uniform(seed, request.position, request.sample_index + j as u32);
+                    select_dense(&scratch.weights[..row.len()], u)
+                }
             }
         };
-        Ok(SampleOutput {
+        let (token, weight, z, num_candidates) = draw(0, scratch);
+        let logprob = (f64::from(weight) / z).ln();
+        let extra_samples = (1..params.n)
+            .map(|j| {
+                let (token, weight, z, _) = draw(j, scratch);
+                Sample {
+                    token,
+                    logprob: (f64::from(weight) / z).ln(),
+                }
+            })
+            .collect::<Vec<_>>();
+        let mut output = SampleOutput {
             token,
-            logprob: (f64::from(weight) / z).ln(),
+            logprob,
             num_candidates,
             seed,
-        })
+            extra_samples,
+            logprobs: None,
+        };
+        if let Some(top) = params.logprobs {
+            output.logprobs = Some(match params.logprobs_kind {
+                LogprobsKind::Processed => {
+                    processed_logprobs(&prepared, row.len(), scratch, &output, top)
+                }
+                LogprobsKind::Raw => raw_logprobs(row, kind, &output, top),
+            });
+        }
+        Ok(output)
     })
+}
+
+/// Processed log-probabilities: the sampled tokens' (already known) and the top `top` of the
+/// final distribution.
+fn processed_logprobs(
+    prepared: &Prepared,
+    vocab: usize,
+    scratch: &Scratch,
+    output: &SampleOutput,
+    top: usize,
+) -> Logprobs {
+    let sampled = std::iter::once(output.logprob)
+        .chain(output.extra_samples.iter().map(|s| s.logprob))
+        .collect();
+    let mut best: Vec<TokenLogprob> = match prepared.support {
+        Support::Greedy(token) => vec![TokenLogprob {
+            token_id: token,
+            logprob: 0.0,
+        }],
+        Support::List(n) => {
+            let cand = &scratch.cand[..n];
+            let z = chunked_sum(cand.iter().map(|c| (c.id as usize, c.w)));
+            let mut best: Vec<Cand> = cand.iter().filter(|c| c.w > 0.0).copied().collect();
+            best.sort_unstable_by(|a, b| b.w.total_cmp(&a.w).then(a.id.cmp(&b.id)));
+            best.truncate(top);
+            best.iter()
+                .map(|c| TokenLogprob {
+                    token_id: c.id,
+                    logprob: (f64::from(c.w) / z).ln(),
+                })
+                .collect()
+        }
+        Support::Dense => {
+            let w = &scratch.weights[..vocab];
+            let z = chunked_sum(w.iter().copied().enumerate());
+            top_values(w, 0.0, top)
+                .into_iter()
+                .map(|(id, wi)| TokenLogprob {
+                    token_id: id,
+                    logprob: (f64::from(wi) / z).ln(),
+                })
+                .collect()
+        }
+    };
+    best.truncate(top);
+    fill_impossible(&mut best, top);
+    Logprobs {
+        kind: LogprobsKind::Processed,
+        sampled,
+        top: best,
+    }
+}
+
+/// Raw log-probabilities (spec step 2): `log_softmax` of the row as given, in f64; for
+/// probability input `ln(p_i / sum p)`.
+fn raw_logprobs(row: &[f32], kind: InputKind, output: &SampleOutput, top: usize) -> Logprobs {
+    let floor = match kind {
+        InputKind::Logits => f32::NEG_INFINITY,
+        InputKind::Probs => 0.0,
+    };
+    let raw = |v: f32, norm: f64| -> f64 {
+        match kind {
+            InputKind::Logits => f64::from(v) - norm,
+            InputKind::Probs => (f64::from(v) / norm).ln(),
+        }
+    };
+    let norm = match kind {
+        InputKind::Logits => {
+            let max = max_of(row);
+            let sum = chunked_sum_f64(row.iter().map(|&l| (f64::from(l) - f64::from(max)).exp()));
+            f64::from(max) + sum.ln()
+        }
+        InputKind::Probs => chunked_sum_f64(row.iter().map(|&p| f64::from(p))),
+    };
+    let sampled = output
+        .tokens()
+        .map(|t| raw(row[t as usize], norm))
+        .collect();
+    let mut best: Vec<TokenLogprob> = top_values(row, floor, top)
+        .into_iter()
+        .map(|(id, v)| TokenLogprob {
+            token_id: id,
+            logprob: raw(v, norm),
+        })
+        .collect();
+    fill_impossible(&mut best, top);
+    Logprobs {
+        kind: LogprobsKind::Raw,
+        sampled,
+        top: best,
+    }
+}
+
+/// The `n` largest values above `floor`, largest first, ties toward the lower id.
+fn top_values(values: &[f32], floor: f32, n: usize) -> Vec<(u32, f32)> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let mut cand = Vec::new();
+    top_k_candidates(values, floor, n, &mut cand);
+    cand.sort_unstable_by(better);
+    cand.iter().map(|c| (c.id, c.logit)).collect()
+}
+
+/// Pads a top list to `n` entries with `-inf` entries for the lowest ids not in it.
+fn fill_impossible(best: &mut Vec<TokenLogprob>, n: usize) {
+    let mut id = 0u32;
+    while best.len() < n {
+        if !best.iter().any(|t| t.token_id == id) {
+            best.push(TokenLogprob {
+                token_id: id,
+                logprob: f64::NEG_INFINITY,
+            });
+        }
+        id += 1;
+    }
+}
+
+/// [`chunked_sum`] over f64 terms given for ids `0, 1, 2, ...`.
+fn chunked_sum_f64(items: impl Iterator<Item = f64>) -> f64 {
+    let mut total = 0.0f64;
+    let mut partial = 0.0f64;
+    for (i, x) in items.enumerate() {
+        if i % CHUNK == 0 {
+            total += partial;
+            partial = 0.0;
+        }
+        partial += x;
+    }
+    total + partial
 }
 
 /// The exact final probabilities that [`sample_row`] draws from: a vector of `row.len()` f64
@@ -763,7 +977,7 @@ fn median_of_three(c: &[Cand], a: usize, b: usize, d: usize) -> usize {
 
 /// The f64 sum of weights given in ascending id order: sequential within each chunk of
 /// [`CHUNK`] ids, then the chunk sums in order. Independent of how a row is split.
-fn chunked_sum(items: impl Iterator<Item = (usize, f32)>) -> f64 {
+pub(crate) fn chunked_sum(items: impl Iterator<Item = (usize, f32)>) -> f64 {
     let mut total = 0.0f64;
     let mut partial = 0.0f64;
     let mut chunk = 0usize;
@@ -813,7 +1027,7 @@ fn select_sparse(cand: &[Cand], u: f64) -> (u32, f32, f64, usize) {
 }
 
 /// [`select_sparse`] over dense weights (zero for removed tokens); identical results.
-fn select_dense(w: &[f32], u: f64) -> (u32, f32, f64, usize) {
+pub(crate) fn select_dense(w: &[f32], u: f64) -> (u32, f32, f64, usize) {
     let z = chunked_sum(w.iter().copied().enumerate());
     let target = u * z;
     let nonzero = w.iter().filter(|&&x| x > 0.0).count();

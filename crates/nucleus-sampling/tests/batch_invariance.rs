@@ -9,7 +9,8 @@ mod common;
 use common::oracle::oracle_with_stops;
 use common::{inverse_cdf, normal_row, spec_uniform};
 use nucleus_sampling::{
-    distribution, sample_batch, sample_row, LogitsView, SampleOutput, SampleRequest, SamplingParams,
+    distribution, sample_batch, sample_row, LogitsView, LogprobsKind, SampleOutput, SampleRequest,
+    SamplingParams,
 };
 
 /// EOS and stop ids of every request (banned while fewer than `min_tokens` were generated).
@@ -56,6 +57,9 @@ fn all_params() -> Vec<SamplingParams> {
             bad_words: vec![vec![i as u32 + 1, i as u32 + 2]],
             min_tokens: [0, 30][i as usize % 2],
             seed: Some(1000 + i),
+            n: [1, 3, 1, 2, 5][i as usize % 5],
+            logprobs: [None, Some(0), Some(4), Some(70)][i as usize % 4],
+            logprobs_kind: [LogprobsKind::Raw, LogprobsKind::Processed][i as usize % 2],
         });
     }
     v
@@ -80,11 +84,10 @@ fn padded(rows: &[Vec<f32>], row_len: usize) -> Vec<f32> {
     data
 }
 
+/// Bitwise equality of every field, extra samples and logprobs included (`Debug` prints each
+/// f64 in its shortest round-trip form, so equal text means equal bits).
 fn same(a: &SampleOutput, b: &SampleOutput) -> bool {
-    a.token == b.token
-        && a.logprob.to_bits() == b.logprob.to_bits()
-        && a.num_candidates == b.num_candidates
-        && a.seed == b.seed
+    format!("{a:?}") == format!("{b:?}")
 }
 
 fn check(vocab: usize, row_len: usize, positions: &[u64]) {
