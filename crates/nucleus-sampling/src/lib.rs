@@ -19,6 +19,12 @@
 //!   one `Result` per row; [`sample_row`] does one row; [`distribution`] returns the exact
 //!   final probabilities that selection draws from.
 //! - [`philox`]: the counter-based Philox4x32-10 generator behind every random draw.
+//! - [`SamplerChain`] (module [`chain`]): the same steps as composable processors, in any
+//!   order, ending in a [`Selection`] (sample or greedy), like llama.cpp's sampler chain.
+//!   [`LogitsProcessor`] is the trait a processor implements (apply / reset / accept / clone),
+//!   so users can add their own; [`ProcessorConfig`] is a chain's configuration as serde data
+//!   (JSON such as `[{"top_k": {"k": 50}}, {"temperature": {"t": 0.8}}, {"sample": {"seed": 42}}]`);
+//!   [`SamplerChain::from_params`] is the fixed `SamplingParams` path as a chain.
 //!
 //! A decode step:
 //!
@@ -50,12 +56,16 @@
 
 #![warn(missing_docs)]
 
+pub mod chain;
 mod error;
 mod params;
 pub mod philox;
 mod sampler;
 mod view;
 
+pub use chain::{
+    ChainError, LogitsProcessor, ProcessorConfig, ProcessorContext, SamplerChain, Selection,
+};
 pub use error::{ParamError, SampleError, ShapeError};
 pub use params::{LogprobsKind, SamplingParams, GREEDY_TEMPERATURE, LOGIT_BIAS_LIMIT, MAX_N};
 pub use sampler::{
