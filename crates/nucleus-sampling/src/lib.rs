@@ -58,6 +58,7 @@
 
 pub mod chain;
 mod error;
+mod kernels;
 mod params;
 pub mod philox;
 mod sampler;

@@ -29,6 +29,7 @@ use std::cmp::Ordering;
 use rayon::prelude::*;
 
 use crate::error::{SampleError, ShapeError};
+use crate::kernels;
 use crate::params::{LogprobsKind, SamplingParams, LOGIT_BIAS_LIMIT};
 use crate::philox;
 use crate::view::{InputKind, LogitValue, LogitsView};
@@ -512,6 +513,14 @@ struct Scratch {
     seen: Vec<u64>,
     /// Occurrence counts of output ids (frequency penalty); all zero between rows.
     counts: Vec<u32>,
+    /// Bitset marking ids while the sparse modification list is built; all zero between rows.
+    mark: Vec<u64>,
+    /// Maxima of the row's blocks of [`kernels::BLOCK`] values.
+    block_max: Vec<f32>,
+    /// Sorted ids that steps 3-5 may change (sparse mode).
+    mod_ids: Vec<u32>,
+    /// Their values after steps 3-5.
+    mod_vals: Vec<f32>,
 }
 
 thread_local! {
@@ -554,12 +563,37 @@ struct Prepared {
     support: Support,
 }
 
-/// Steps 1-10: checks, penalty, greedy or temperature, top-k, top-p. Leaves the survivors and
-/// their weights in `scratch`.
+/// Steps 1-10: checks, constraints, bias, penalties, greedy or temperature, min-p, top-k,
+/// top-p. Leaves the survivors and their weights in `scratch`.
+///
+/// Passes over the row (logit input), by case:
+/// - greedy, top-k (with or without min-p / top-p): one vectorised block-max pass (which also
+///   finds NaN / +inf), then a scan of only the blocks whose maximum can still enter the best
+///   `k`; steps 3-5, when they apply, touch a few ids, which the scan takes into account by
+///   keeping `k + m` raw candidates (`m` modified ids) and replacing the modified ones;
+/// - min-p alone: the same first pass, then only blocks that reach the min-p cut;
+/// - top-p without top-k: the first pass, one vectorised exp pass (weights, their sum, and the
+///   weight below a few logit levels, which bounds where the top-p boundary can be), then only
+///   blocks above the chosen level;
+/// - plain temperature sampling: the first pass and the exp pass.
 fn prepare(
     row: &[f32],
     kind: InputKind,
     request: &SampleRequest<'_>,
+    scratch: &mut Scratch,
+) -> Result<Prepared, SampleError> {
+    // The copy of the row lives outside `scratch` while the rest of it is written.
+    let mut copy = std::mem::take(&mut scratch.logits);
+    let prepared = prepare_with(row, kind, request, &mut copy, scratch);
+    scratch.logits = copy;
+    prepared
+}
+
+fn prepare_with(
+    row: &[f32],
+    kind: InputKind,
+    request: &SampleRequest<'_>,
+    copy: &mut Vec<f32>,
     scratch: &mut Scratch,
 ) -> Result<Prepared, SampleError> {
     let params = request.params;
@@ -589,7 +623,7 @@ fn prepare(
             vocab_size: vocab,
         });
     }
-    // Step 1: NaN / +inf check (and negative values for probabilities).
+    // Step 1 for probabilities: NaN, infinite or negative values.
     if probs {
         if let Some(i) = row.iter().position(|&v| !(v.is_finite() && v >= 0.0)) {
             return Err(SampleError::InvalidProbability {
@@ -597,90 +631,166 @@ fn prepare(
                 value: row[i],
             });
         }
-    } else if let Some(i) = row.iter().position(|&v| v.is_nan() || v == f32::INFINITY) {
-        return Err(SampleError::NonFiniteLogits {
-            token_id: i as u32,
-            value: row[i],
-        });
     }
 
-    // Steps 3-5 on a per-thread copy, only when one of them applies.
-    let logits: &[f32] = if modifies_logits(request) {
-        apply_constraints_bias_penalties(row, floor, request, scratch)?;
-        &scratch.logits[..vocab]
+    let greedy = params.is_greedy();
+    let top_k = usize::try_from(params.top_k).unwrap_or(0);
+    let k_on = !greedy && top_k > 0 && top_k < vocab;
+    let p_on = !greedy && params.top_p < 1.0;
+    // How many of the best tokens the first scan keeps: the k of top-k, else the maximum.
+    let keep = if k_on { top_k } else { 1 };
+
+    // Steps 3-5. Few modified ids and a short candidate list: keep the raw row and a sparse
+    // list of modified values. Otherwise a per-thread copy of the row, modified in place.
+    let modifies = modifies_logits(request);
+    let sparse = modifies
+        && params.allowed_token_ids.is_none()
+        && (greedy || k_on)
+        && sparse_modifications(row, floor, request, scratch)?
+            .is_some_and(|m| (keep + m) * LIST_FRACTION <= vocab);
+    let logits: &[f32] = if modifies && !sparse {
+        // Step 1 on the caller's row, then the copy.
+        if kernels::max_bad(row).1 {
+            return Err(non_finite(row));
+        }
+        apply_constraints_bias_penalties(row, floor, request, copy, scratch)?;
+        &copy[..vocab]
     } else {
         row
     };
 
-    let max = max_of(logits);
-    if max <= floor {
-        return Err(SampleError::NoCandidates);
+    // The best `keep` candidates (plus the modified ids in sparse mode), in one pass that also
+    // finds NaN / +inf (step 1 for logits; the copy's source row was checked above). One
+    // candidate: the maximum, by a vectorised max over blocks.
+    let want = keep + if sparse { scratch.mod_ids.len() } else { 0 };
+    let bad = if want == 1 {
+        argmax(logits, floor, &mut scratch.block_max, &mut scratch.cand)
+    } else {
+        scan_top(logits, floor, want, &mut scratch.cand)
+    };
+    if bad && !probs && logits.as_ptr() == row.as_ptr() {
+        return Err(non_finite(row));
     }
+    if sparse {
+        merge_modifications(floor, keep, scratch);
+    }
+    let Some(best) = scratch.cand.iter().copied().min_by(better) else {
+        return Err(SampleError::NoCandidates);
+    };
+    let max = best.logit;
 
     // Step 6: greedy.
-    if params.is_greedy() {
-        let token = logits.iter().position(|&v| v == max).unwrap_or(0) as u32;
+    if greedy {
         return Ok(Prepared {
-            support: Support::Greedy(token),
+            support: Support::Greedy(best.id),
         });
     }
 
     // Step 7: temperature, `(l - max) / T` in f32; probabilities are their own weights.
     let t = params.temperature as f32;
+    let t64 = params.temperature;
     let weight = |l: f32| {
         if probs {
             l
         } else {
-            scaled(l, max, t, params.temperature).exp()
+            kernels::exp_w(scaled(l, max, t, t64))
         }
     };
 
-    // Step 8: min_p keeps weights `>= min_p * w_max` (for logits the maximum's weight is
-    // exp(0) = 1). The kept set is a prefix of the (value desc, id asc) order, like those of
-    // top-k and top-p.
-    let min_p = params.min_p * if probs { f64::from(max) } else { 1.0 };
-    let passes_min_p = |w: f32| f64::from(w) >= min_p;
+    // Step 8: min_p keeps tokens with `p >= min_p * p_max`, decided in f64 on the row's
+    // values: for logits `(l - max) / T >= ln(min_p)`, for probabilities `p >= min_p * max`.
+    // Monotone in the value, so the kept set is a prefix of the (value desc, id asc) order,
+    // like those of top-k and top-p.
+    let min_p_on = params.min_p > 0.0;
+    let ln_min_p = params.min_p.ln();
+    let min_p_abs = params.min_p * f64::from(max);
+    let passes_min_p = |l: f32| {
+        !min_p_on
+            || if probs {
+                f64::from(l) >= min_p_abs
+            } else {
+                f64::from(scaled(l, max, t, t64)) >= ln_min_p
+            }
+    };
 
-    // Step 9: top-k.
-    let top_k = usize::try_from(params.top_k).unwrap_or(0);
-    let k_on = top_k > 0 && top_k < vocab;
-    let p_on = params.top_p < 1.0;
-
-    if !k_on && !p_on {
+    let cand = &mut scratch.cand;
+    if k_on {
+        // Step 9: `cand` holds the top k. top-k and min_p keep prefixes of one order: their
+        // intersection is the shorter one.
+        if min_p_on {
+            cand.retain(|c| passes_min_p(c.logit));
+        }
+        for c in cand.iter_mut() {
+            c.w = weight(c.logit);
+        }
+    } else if min_p_on {
+        cand.clear();
+        // A logit cut at or below the min-p threshold, then the exact test.
+        let cut = if probs {
+            (min_p_abs as f32).min(max)
+        } else {
+            logit_cut(max, ln_min_p, t64)
+        };
+        collect(logits, floor, cut, cand);
+        cand.retain(|c| passes_min_p(c.logit));
+        for c in cand.iter_mut() {
+            c.w = weight(c.logit);
+        }
+    } else if !p_on {
+        // Plain sampling at temperature T: every token.
         let w = dense_weights(&mut scratch.weights, vocab);
-        for (wi, &l) in w.iter_mut().zip(logits) {
-            let x = weight(l);
-            *wi = if passes_min_p(x) { x } else { 0.0 };
+        if probs {
+            w.copy_from_slice(logits);
+        } else {
+            if kernels::exp_pass(logits, max, t, w).overflow {
+                for (wi, &l) in w.iter_mut().zip(logits) {
+                    *wi = weight(l);
+                }
+            }
         }
         return Ok(Prepared {
             support: Support::Dense,
         });
-    }
-
-    let cand = &mut scratch.cand;
-    cand.clear();
-    if k_on {
-        // top-k and min_p keep prefixes of one order: their intersection is the shorter one.
-        top_k_candidates(logits, floor, top_k, cand);
-        for c in cand.iter_mut() {
-            c.w = weight(c.logit);
-        }
-        if min_p > 0.0 {
-            cand.retain(|c| passes_min_p(c.w));
-        }
     } else {
-        cand.extend(
-            logits
-                .iter()
-                .enumerate()
-                .filter(|(_, &l)| l > floor)
-                .map(|(i, &l)| Cand {
-                    logit: l,
-                    id: i as u32,
-                    w: weight(l),
-                })
-                .filter(|c| passes_min_p(c.w)),
-        );
+        // Top-p alone. Weights of every token and their sum `z`. The tokens ranked at or
+        // below the boundary token weigh more than `(1 - p) z`; if the boundary's weight were
+        // below `eps = (1 - p) z / vocab`, those tokens would all weigh less than `eps` and
+        // so less than `(1 - p) z` together. So only tokens with weight `>= eps` (a cut
+        // slightly below, in logit units) are candidates.
+        let w = dense_weights(&mut scratch.weights, vocab);
+        let mut level = f32::NEG_INFINITY;
+        let z = if probs {
+            w.copy_from_slice(logits);
+            chunked_sum(w.iter().copied().enumerate())
+        } else {
+            let sums = kernels::exp_pass(logits, max, t, w);
+            if sums.overflow {
+                for (wi, &l) in w.iter_mut().zip(logits) {
+                    *wi = weight(l);
+                }
+                chunked_sum(w.iter().copied().enumerate())
+            } else {
+                let eps = (1.0 - params.top_p) * sums.sum / vocab as f64;
+                if eps > 0.0 {
+                    // exp_w is within 1e-6 relative of exp: a margin of 1e-3 in log units.
+                    level = (eps.ln() - 1e-3) as f32;
+                }
+                sums.sum
+            }
+        };
+        cand.clear();
+        let cut = if probs || level == f32::NEG_INFINITY {
+            f32::NEG_INFINITY
+        } else {
+            logit_cut(max, f64::from(level), t64)
+        };
+        collect(logits, floor, cut, cand);
+        let w = &scratch.weights[..vocab];
+        for c in cand.iter_mut() {
+            c.w = w[c.id as usize];
+        }
+        let kept = top_p_prefix(cand, params.top_p * z);
+        return finish(logits, kept, scratch, true, weight);
     }
 
     // Step 10: top-p over the candidates, renormalised among them.
@@ -690,7 +800,22 @@ fn prepare(
     } else {
         cand.len()
     };
+    finish(logits, kept, scratch, false, weight)
+}
 
+/// The survivors are `cand[..kept]`, a prefix of the (logit desc, id asc) order: a short list
+/// is sorted by id; a long one becomes dense weights (every finite value ranked at or above
+/// the worst survivor), taken from `scratch.weights` when `weights_ready` (it holds every
+/// token's weight), else computed with `weight`.
+fn finish(
+    logits: &[f32],
+    kept: usize,
+    scratch: &mut Scratch,
+    weights_ready: bool,
+    weight: impl Fn(f32) -> f32,
+) -> Result<Prepared, SampleError> {
+    let vocab = logits.len();
+    let cand = &mut scratch.cand;
     if kept * LIST_FRACTION <= vocab {
         cand.truncate(kept);
         cand.sort_unstable_by_key(|c| c.id);
@@ -698,21 +823,548 @@ fn prepare(
             support: Support::List(kept),
         });
     }
-    // A long survivor list: the survivors are every finite logit ranked at or above the worst
-    // kept candidate; rebuild the weights in id order in one pass.
-    let worst = cand[..kept]
-        .iter()
-        .copied()
-        .max_by(better)
-        .expect("kept >= 1: the maximum is always a candidate");
+    let Some(worst) = cand[..kept].iter().copied().max_by(better) else {
+        return Err(SampleError::NoCandidates);
+    };
     let w = dense_weights(&mut scratch.weights, vocab);
     for (i, (wi, &l)) in w.iter_mut().zip(logits).enumerate() {
         let keep = l > worst.logit || (l == worst.logit && i as u32 <= worst.id);
-        *wi = if keep { weight(l) } else { 0.0 };
+        *wi = if !keep {
+            0.0
+        } else if weights_ready {
+            *wi
+        } else {
+            weight(l)
+        };
     }
     Ok(Prepared {
         support: Support::Dense,
     })
+}
+
+/// The maximum above `floor` (ties to the lowest id) as the only element of `out` (none when
+/// every value is at or below `floor`): one vectorised max pass over blocks of
+/// [`kernels::BLOCK`] values, then a search of the first block holding the maximum. Returns
+/// whether any value is NaN or +inf.
+fn argmax(logits: &[f32], floor: f32, block_max: &mut Vec<f32>, out: &mut Vec<Cand>) -> bool {
+    out.clear();
+    block_max.clear();
+    block_max.resize(logits.len().div_ceil(kernels::BLOCK), f32::NEG_INFINITY);
+    let bad = kernels::block_max_bad(logits, block_max);
+    let mut best = (floor, usize::MAX);
+    for (b, &m) in block_max.iter().enumerate() {
+        if m > best.0 {
+            best = (m, b);
+        }
+    }
+    let (max, b) = best;
+    if b != usize::MAX {
+        let base = b * kernels::BLOCK;
+        let block = &logits[base..(base + kernels::BLOCK).min(logits.len())];
+        if let Some(j) = block.iter().position(|&l| l == max) {
+            out.push(Cand {
+                logit: max,
+                id: (base + j) as u32,
+                w: 0.0,
+            });
+        }
+    }
+    bad
+}
+
+/// The error for a row holding NaN or +inf: the lowest such id.
+fn non_finite(row: &[f32]) -> SampleError {
+    let i = row
+        .iter()
+        .position(|&v| v.is_nan() || v == f32::INFINITY)
+        .unwrap_or(0);
+    SampleError::NonFiniteLogits {
+        token_id: i as u32,
+        value: row[i],
+    }
+}
+
+/// The exactly-`keep` best tokens (value desc, id asc) among the values above `floor`, into
+/// `out` (unordered). Visits only the blocks whose maximum beats the current `keep`-th best:
+/// an element enters the buffer only if it beats it; a full buffer is cut back to `keep`
+/// with a linear-time selection, raising the threshold. `keep >= 1`.
+fn scan_top(logits: &[f32], floor: f32, keep: usize, out: &mut Vec<Cand>) -> bool {
+    match kernels::isa() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `isa()` reports AVX-512F only when the CPU has it.
+        kernels::Isa::Avx512 => unsafe { x86::scan_top_avx512(logits, floor, keep, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `isa()` reports AVX2 only when the CPU has it.
+        kernels::Isa::Avx2 => unsafe { x86::scan_top_avx2(logits, floor, keep, out) },
+        kernels::Isa::Baseline => scan_top_body::<false>(logits, floor, keep, out),
+    }
+}
+
+/// Appends to `out` every token above `floor` whose value is `>= cut`, in id order, in one
+/// vectorised pass of compares.
+fn collect(logits: &[f32], floor: f32, cut: f32, out: &mut Vec<Cand>) {
+    match kernels::isa() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `isa()` reports AVX-512F only when the CPU has it.
+        kernels::Isa::Avx512 => unsafe { x86::collect_avx512(logits, floor, cut, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `isa()` reports AVX2 only when the CPU has it.
+        kernels::Isa::Avx2 => unsafe { x86::collect_avx2(logits, floor, cut, out) },
+        kernels::Isa::Baseline => collect_body::<false>(logits, floor, cut, out),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::Cand;
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn scan_top_avx512(
+        logits: &[f32],
+        floor: f32,
+        keep: usize,
+        out: &mut Vec<Cand>,
+    ) -> bool {
+        super::scan_top_body::<true>(logits, floor, keep, out)
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn scan_top_avx2(
+        logits: &[f32],
+        floor: f32,
+        keep: usize,
+        out: &mut Vec<Cand>,
+    ) -> bool {
+        super::scan_top_body::<true>(logits, floor, keep, out)
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn collect_avx512(logits: &[f32], floor: f32, cut: f32, out: &mut Vec<Cand>) {
+        super::collect_body::<true>(logits, floor, cut, out)
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn collect_avx2(logits: &[f32], floor: f32, cut: f32, out: &mut Vec<Cand>) {
+        super::collect_body::<true>(logits, floor, cut, out)
+    }
+}
+
+/// Values per run of the vectorised compares: one bit mask per run.
+const RUN: usize = 32;
+
+/// Bit masks of one run: bit `j` of the first is `pass(run[j], t)` (`x > t`, or `x >= t` when
+/// `INCLUSIVE`), of the second "`run[j]` is NaN or +inf". With `AVX` it uses AVX instructions:
+/// only instantiated inside functions compiled with AVX2 enabled.
+#[inline(always)]
+fn run_masks<const AVX: bool, const INCLUSIVE: bool>(run: &[f32], t: f32) -> (u32, u32) {
+    debug_assert_eq!(run.len(), RUN);
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::*;
+        // SAFETY: `run` holds RUN = 32 values (unaligned loads); with AVX, every caller is
+        // compiled with AVX2 enabled (the target_feature wrappers of [`x86`]); SSE2 is part of
+        // x86-64.
+        unsafe {
+            let p = run.as_ptr();
+            let (mut pass, mut bad) = (0u32, 0u32);
+            if AVX {
+                let tv = _mm256_set1_ps(t);
+                let big = _mm256_set1_ps(f32::MAX);
+                for q in 0..RUN / 8 {
+                    let x = _mm256_loadu_ps(p.add(8 * q));
+                    let m = if INCLUSIVE {
+                        _mm256_cmp_ps::<_CMP_GE_OQ>(x, tv)
+                    } else {
+                        _mm256_cmp_ps::<_CMP_GT_OQ>(x, tv)
+                    };
+                    pass |= (_mm256_movemask_ps(m) as u32) << (8 * q);
+                    let b = _mm256_cmp_ps::<_CMP_NLE_UQ>(x, big);
+                    bad |= (_mm256_movemask_ps(b) as u32) << (8 * q);
+                }
+            } else {
+                let tv = _mm_set1_ps(t);
+                let big = _mm_set1_ps(f32::MAX);
+                for q in 0..RUN / 4 {
+                    let x = _mm_loadu_ps(p.add(4 * q));
+                    let m = if INCLUSIVE {
+                        _mm_cmpge_ps(x, tv)
+                    } else {
+                        _mm_cmpgt_ps(x, tv)
+                    };
+                    pass |= (_mm_movemask_ps(m) as u32) << (4 * q);
+                    bad |= (_mm_movemask_ps(_mm_cmpnle_ps(x, big)) as u32) << (4 * q);
+                }
+            }
+            (pass, bad)
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let (mut pass, mut bad) = (0u32, 0u32);
+        for (j, &x) in run.iter().enumerate() {
+            let p = if INCLUSIVE { x >= t } else { x > t };
+            pass |= u32::from(p) << j;
+            bad |= u32::from(kernels::is_bad(x)) << j;
+        }
+        (pass, bad)
+    }
+}
+
+/// Calls `visit(i, values[i], threshold)` for the values above the threshold (at or above
+/// when `INCLUSIVE`), in index order, reading the threshold again after each visit; returns
+/// whether any value is NaN or +inf. Runs whose mask is empty cost one vector compare each.
+#[inline(always)]
+fn scan_runs<const AVX: bool, const INCLUSIVE: bool>(
+    values: &[f32],
+    threshold: &mut f32,
+    mut visit: impl FnMut(usize, f32, &mut f32),
+) -> bool {
+    let pass = |x: f32, t: f32| if INCLUSIVE { x >= t } else { x > t };
+    let mut bad = 0u32;
+    let whole = values.len() / RUN * RUN;
+    for (r, run) in values[..whole].chunks_exact(RUN).enumerate() {
+        let (mut mask, bad_mask) = run_masks::<AVX, INCLUSIVE>(run, *threshold);
+        bad |= bad_mask;
+        while mask != 0 {
+            let j = mask.trailing_zeros() as usize;
+            mask &= mask - 1;
+            if pass(run[j], *threshold) {
+                visit(r * RUN + j, run[j], threshold);
+            }
+        }
+    }
+    for (j, &x) in values[whole..].iter().enumerate() {
+        bad |= u32::from(kernels::is_bad(x));
+        if pass(x, *threshold) {
+            visit(whole + j, x, threshold);
+        }
+    }
+    bad != 0
+}
+
+/// [`scan_top`]: a buffer of candidates above a rising threshold. An element enters only if
+/// it beats the current `keep`-th best (strictly: an equal element has a higher id, so it ranks
+/// lower); the buffer is cut back to `keep` by a linear-time selection whenever it holds
+/// `2 keep` (or `keep + 256`) elements, raising the threshold. Amortised O(1) per element.
+#[inline(always)]
+fn scan_top_body<const AVX: bool>(
+    logits: &[f32],
+    floor: f32,
+    keep: usize,
+    out: &mut Vec<Cand>,
+) -> bool {
+    out.clear();
+    let cap = 2 * keep;
+    let mut threshold = floor;
+    let bad = scan_runs::<AVX, false>(logits, &mut threshold, |i, l, threshold| {
+        out.push(Cand {
+            logit: l,
+            id: i as u32,
+            w: 0.0,
+        });
+        if out.len() >= cap {
+            compact(out, keep);
+            *threshold = out[keep - 1].logit;
+        }
+    });
+    if out.len() > keep {
+        compact(out, keep);
+    }
+    bad
+}
+
+#[inline(always)]
+fn collect_body<const AVX: bool>(logits: &[f32], floor: f32, cut: f32, out: &mut Vec<Cand>) {
+    let mut threshold = cut;
+    scan_runs::<AVX, true>(logits, &mut threshold, |i, l, _| {
+        if l > floor {
+            out.push(Cand {
+                logit: l,
+                id: i as u32,
+                w: 0.0,
+            });
+        }
+    });
+}
+
+/// Keeps the best `keep` candidates, the worst of them last.
+#[inline(never)]
+fn compact(out: &mut Vec<Cand>, keep: usize) {
+    out.select_nth_unstable_by(keep - 1, better);
+    out.truncate(keep);
+}
+
+/// A logit at or below every `l` with `(l - max) / T >= level` (`level <= 0`, in f64 with a
+/// relative margin far above f32 rounding): a cut for [`collect`], followed by an exact test
+/// where exactness matters.
+fn logit_cut(max: f32, level: f64, t64: f64) -> f32 {
+    let max64 = f64::from(max);
+    let cut = max64 + level * t64 * (1.0 + 1e-5) - 1e-5 * (1.0 + max64.abs());
+    if cut <= f64::from(f32::MIN) {
+        f32::NEG_INFINITY
+    } else {
+        // Round toward -inf.
+        let c = cut as f32;
+        if f64::from(c) > cut {
+            c.next_down()
+        } else {
+            c
+        }
+    }
+}
+
+/// Steps 3-5 as a sparse list: the ids they may change (sorted, in `scratch.mod_ids`) and
+/// their changed values (`scratch.mod_vals`), computed exactly as on a copy of the row.
+/// Returns `None`, with nothing listed, when more than `row.len() / LIST_FRACTION` ids may
+/// change (the copy is then cheaper). Not for `allowed_token_ids`, which changes every id.
+///
+/// # Errors
+/// As [`apply_constraints_bias_penalties`].
+fn sparse_modifications(
+    row: &[f32],
+    floor: f32,
+    request: &SampleRequest<'_>,
+    scratch: &mut Scratch,
+) -> Result<Option<usize>, SampleError> {
+    let params = request.params;
+    let output = request.output_ids;
+    let limit = row.len() / LIST_FRACTION;
+    let ids = &mut scratch.mod_ids;
+    ids.clear();
+    let bad_words = params.bad_words.iter().filter_map(|w| w.last());
+    let stops = request
+        .stop_token_ids
+        .iter()
+        .filter(|_| output.len() < params.min_tokens);
+    let bias = params.logit_bias.keys();
+    let repeated = request
+        .prompt_ids
+        .iter()
+        .chain(output)
+        .filter(|_| params.repetition_penalty != 1.0);
+    let counted = output
+        .iter()
+        .filter(|_| params.frequency_penalty != 0.0 || params.presence_penalty != 0.0);
+    let words = row.len().div_ceil(64);
+    if scratch.mark.len() < words {
+        scratch.mark.resize(words, 0);
+    }
+    let mark = &mut scratch.mark;
+    let mut too_many = false;
+    for &id in bad_words
+        .chain(stops)
+        .chain(bias)
+        .chain(repeated)
+        .chain(counted)
+    {
+        let (word, bit) = (id as usize / 64, 1u64 << (id % 64));
+        if mark[word] & bit == 0 {
+            mark[word] |= bit;
+            ids.push(id);
+            if ids.len() > limit {
+                too_many = true;
+                break;
+            }
+        }
+    }
+    for &id in ids.iter() {
+        mark[id as usize / 64] = 0;
+    }
+    if too_many {
+        ids.clear();
+        return Ok(None);
+    }
+    ids.sort_unstable();
+    scratch.mod_vals.clear();
+    scratch
+        .mod_vals
+        .extend(ids.iter().map(|&id| row[id as usize]));
+    let mut slots = Sparse {
+        ids: &scratch.mod_ids,
+        vals: &mut scratch.mod_vals,
+    };
+    modify(
+        &mut slots,
+        floor,
+        request,
+        row.len(),
+        &mut scratch.seen,
+        &mut scratch.counts,
+    )?;
+    Ok(Some(scratch.mod_ids.len()))
+}
+
+/// Replaces the raw values of the modified ids among the scan's candidates by their modified
+/// values and keeps the best `keep`. Exact: the scan kept the best `keep + m` raw values, and
+/// at most the `m` modified ids can rank above an unmodified member of the true best `keep`.
+fn merge_modifications(floor: f32, keep: usize, scratch: &mut Scratch) {
+    let (ids, vals, cand) = (&scratch.mod_ids, &scratch.mod_vals, &mut scratch.cand);
+    cand.retain(|c| ids.binary_search(&c.id).is_err());
+    for (&id, &v) in ids.iter().zip(vals) {
+        if v > floor {
+            cand.push(Cand {
+                logit: v,
+                id,
+                w: 0.0,
+            });
+        }
+    }
+    if cand.len() > keep {
+        cand.select_nth_unstable_by(keep - 1, better);
+        cand.truncate(keep);
+    }
+}
+
+/// Writable logits by token id: a dense row, or the sparse list of modified ids.
+trait Slots {
+    fn slot(&mut self, id: u32) -> &mut f32;
+}
+
+struct Dense<'a>(&'a mut [f32]);
+
+impl Slots for Dense<'_> {
+    #[inline]
+    fn slot(&mut self, id: u32) -> &mut f32 {
+        &mut self.0[id as usize]
+    }
+}
+
+struct Sparse<'a> {
+    ids: &'a [u32],
+    vals: &'a mut [f32],
+}
+
+impl Slots for Sparse<'_> {
+    #[inline]
+    fn slot(&mut self, id: u32) -> &mut f32 {
+        // Every id steps 3-5 touch was listed by `sparse_modifications`.
+        let j = self
+            .ids
+            .binary_search(&id)
+            .unwrap_or_else(|j| j.min(self.ids.len() - 1));
+        &mut self.vals[j]
+    }
+}
+
+/// Copies `row` into `logits` (only `allowed_token_ids` kept, when given) and applies steps
+/// 3-5 to the copy ([`modify`]).
+///
+/// # Errors
+/// As [`modify`].
+fn apply_constraints_bias_penalties(
+    row: &[f32],
+    floor: f32,
+    request: &SampleRequest<'_>,
+    logits: &mut Vec<f32>,
+    scratch: &mut Scratch,
+) -> Result<(), SampleError> {
+    let vocab = row.len();
+    logits.clear();
+    // Step 3: allowed_token_ids.
+    match &request.params.allowed_token_ids {
+        Some(allowed) => {
+            logits.resize(vocab, floor);
+            for &id in allowed {
+                logits[id as usize] = row[id as usize];
+            }
+        }
+        None => logits.extend_from_slice(row),
+    }
+    modify(
+        &mut Dense(&mut logits[..vocab]),
+        floor,
+        request,
+        vocab,
+        &mut scratch.seen,
+        &mut scratch.counts,
+    )
+}
+
+/// Applies, in the order of spec/sampling.md: step 3, the hard constraints `bad_words` and
+/// `min_tokens` (set to `floor`); step 4, `logit_bias` added (clamped to ±100); step 5, the
+/// repetition penalty `l > 0 ? l / r : l * r` once per distinct prompt or output id (CTRL;
+/// Hugging Face's `RepetitionPenaltyLogitsProcessor`), then
+/// `l -= count * frequency + (count > 0) * presence` over the output ids (OpenAI's
+/// definitions). `seen` and `counts` are all-zero scratch buffers, left all zero.
+///
+/// # Errors
+/// [`SampleError::PenaltyOverflow`] when the repetition penalty takes a finite logit out of
+/// the f32 range.
+fn modify(
+    logits: &mut impl Slots,
+    floor: f32,
+    request: &SampleRequest<'_>,
+    vocab: usize,
+    seen: &mut Vec<u64>,
+    counts: &mut Vec<u32>,
+) -> Result<(), SampleError> {
+    let params = request.params;
+    let output = request.output_ids;
+    for words in &params.bad_words {
+        if let Some((&last, prefix)) = words.split_last() {
+            if output.ends_with(prefix) {
+                *logits.slot(last) = floor;
+            }
+        }
+    }
+    if output.len() < params.min_tokens {
+        for &id in request.stop_token_ids {
+            *logits.slot(id) = floor;
+        }
+    }
+    // Step 4: logit bias.
+    for (&id, &bias) in &params.logit_bias {
+        let l = logits.slot(id);
+        *l = (f64::from(*l) + bias.clamp(-LOGIT_BIAS_LIMIT, LOGIT_BIAS_LIMIT)) as f32;
+    }
+    // Step 5: repetition penalty, each distinct id of prompt + output once.
+    let words = vocab.div_ceil(64);
+    if seen.len() < words {
+        seen.resize(words, 0);
+    }
+    let mut overflow = None;
+    let penalty = params.repetition_penalty;
+    if penalty != 1.0 {
+        let r = penalty as f32;
+        let ids = || request.prompt_ids.iter().chain(output);
+        for &id in ids() {
+            let (word, bit) = (id as usize / 64, 1u64 << (id % 64));
+            if seen[word] & bit == 0 {
+                seen[word] |= bit;
+                let l = logits.slot(id);
+                let before = *l;
+                *l = if before > 0.0 { before / r } else { before * r };
+                if before.is_finite() && !l.is_finite() && overflow.is_none() {
+                    overflow = Some(SampleError::PenaltyOverflow {
+                        token_id: id,
+                        logit: before,
+                        penalty,
+                    });
+                }
+            }
+        }
+        for &id in ids() {
+            seen[id as usize / 64] = 0;
+        }
+    }
+    // Step 5, continued: frequency and presence over the output ids.
+    let (frequency, presence) = (params.frequency_penalty, params.presence_penalty);
+    if frequency != 0.0 || presence != 0.0 {
+        if counts.len() < vocab {
+            counts.resize(vocab, 0);
+        }
+        for &id in output {
+            counts[id as usize] += 1;
+        }
+        for &id in output {
+            let count = std::mem::take(&mut counts[id as usize]);
+            if count > 0 {
+                let l = logits.slot(id);
+                *l = (f64::from(*l) - (f64::from(count) * frequency + presence)) as f32;
+            }
+        }
+    }
+    overflow.map_or(Ok(()), Err)
 }
 
 /// `(l - max) / T` in f32 (step 7). Two edges keep it exact for every finite input: -inf stays
@@ -782,104 +1434,6 @@ fn modifies_logits(request: &SampleRequest<'_>) -> bool {
         || (p.repetition_penalty != 1.0 && has_context)
         || ((p.frequency_penalty != 0.0 || p.presence_penalty != 0.0)
             && !request.output_ids.is_empty())
-}
-
-/// Copies `row` into `scratch.logits` and applies, in the order of spec/sampling.md:
-/// step 3, hard constraints (`allowed_token_ids`, `bad_words`, `min_tokens`) set to -inf;
-/// step 4, `logit_bias` added (clamped to ±100); step 5, the repetition penalty
-/// `l > 0 ? l / r : l * r` once per distinct prompt or output id (CTRL; Hugging Face's
-/// `RepetitionPenaltyLogitsProcessor`), then `l -= count * frequency + (count > 0) * presence`
-/// over the output ids (OpenAI's definitions).
-///
-/// # Errors
-/// [`SampleError::PenaltyOverflow`] when the repetition penalty takes a finite logit out of
-/// the f32 range.
-fn apply_constraints_bias_penalties(
-    row: &[f32],
-    floor: f32,
-    request: &SampleRequest<'_>,
-    scratch: &mut Scratch,
-) -> Result<(), SampleError> {
-    let params = request.params;
-    let output = request.output_ids;
-    let vocab = row.len();
-    let logits = &mut scratch.logits;
-    logits.clear();
-    // Step 3: hard constraints.
-    match &params.allowed_token_ids {
-        Some(allowed) => {
-            logits.resize(vocab, floor);
-            for &id in allowed {
-                logits[id as usize] = row[id as usize];
-            }
-        }
-        None => logits.extend_from_slice(row),
-    }
-    for words in &params.bad_words {
-        if let Some((&last, prefix)) = words.split_last() {
-            if output.ends_with(prefix) {
-                logits[last as usize] = floor;
-            }
-        }
-    }
-    if output.len() < params.min_tokens {
-        for &id in request.stop_token_ids {
-            logits[id as usize] = floor;
-        }
-    }
-    // Step 4: logit bias.
-    for (&id, &bias) in &params.logit_bias {
-        let l = &mut logits[id as usize];
-        *l = (f64::from(*l) + bias.clamp(-LOGIT_BIAS_LIMIT, LOGIT_BIAS_LIMIT)) as f32;
-    }
-    // Step 5: repetition penalty, each distinct id of prompt + output once.
-    let words = vocab.div_ceil(64);
-    if scratch.seen.len() < words {
-        scratch.seen.resize(words, 0);
-    }
-    let mut overflow = None;
-    let penalty = params.repetition_penalty;
-    if penalty != 1.0 {
-        let r = penalty as f32;
-        let ids = || request.prompt_ids.iter().chain(output);
-        for &id in ids() {
-            let (word, bit) = (id as usize / 64, 1u64 << (id % 64));
-            if scratch.seen[word] & bit == 0 {
-                scratch.seen[word] |= bit;
-                let l = &mut logits[id as usize];
-                let before = *l;
-                *l = if before > 0.0 { before / r } else { before * r };
-                if before.is_finite() && !l.is_finite() && overflow.is_none() {
-                    overflow = Some(SampleError::PenaltyOverflow {
-                        token_id: id,
-                        logit: before,
-                        penalty,
-                    });
-                }
-            }
-        }
-        for &id in ids() {
-            scratch.seen[id as usize / 64] = 0;
-        }
-    }
-    // Step 5, continued: frequency and presence over the output ids.
-    let (frequency, presence) = (params.frequency_penalty, params.presence_penalty);
-    if frequency != 0.0 || presence != 0.0 {
-        if scratch.counts.len() < vocab {
-            scratch.counts.resize(vocab, 0);
-        }
-        for &id in output {
-            scratch.counts[id as usize] += 1;
-        }
-        for &id in output {
-            let count = std::mem::take(&mut scratch.counts[id as usize]);
-            if count > 0 {
-                let l = &mut logits[id as usize];
-                *l = (f64::from(*l) - (f64::from(count) * frequency + presence)) as f32;
-            }
-        }
-    }
-    overflow.map_or(Ok(()), Err)
 }
 
 /// The exactly-`k` best tokens (value desc, id asc) among the values above `floor`, into `out`
