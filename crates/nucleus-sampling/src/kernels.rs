@@ -15,9 +15,6 @@ use crate::sampler::CHUNK;
 /// (4 AVX-512 or 8 AVX2 registers).
 const LANES: usize = 64;
 
-/// Lanes of the f64 sums of [`exp_pass`].
-const SUM_LANES: usize = 16;
-
 /// Elements per block of [`block_scan`]: a block whose maximum cannot enter the candidate set
 /// is skipped after one vectorised max.
 pub(crate) const BLOCK: usize = 512;
@@ -47,6 +44,7 @@ struct Kernels {
     max_bad: fn(&[f32]) -> (f32, bool),
     block_max_bad: fn(&[f32], &mut [f32]) -> bool,
     exp_pass: fn(&[f32], f32, f32, &mut [f32]) -> ExpSums,
+    max_sum_exp: fn(&[f32], f32) -> MaxSumExp,
 }
 
 /// The instruction set the kernels run with.
@@ -68,7 +66,9 @@ pub(crate) fn isa() -> Isa {
             if std::arch::is_x86_feature_detected!("avx512f") {
                 return Isa::Avx512;
             }
-            if std::arch::is_x86_feature_detected!("avx2") {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
                 return Isa::Avx2;
             }
         }
@@ -87,14 +87,18 @@ fn kernels() -> &'static Kernels {
                     max_bad: |row| unsafe { x86::max_bad_avx512(row) },
                     block_max_bad: |row, out| unsafe { x86::block_max_bad_avx512(row, out) },
                     exp_pass: |row, max, t, out| unsafe { x86::exp_pass_avx512(row, max, t, out) },
+                    max_sum_exp: |row, t| unsafe { x86::max_sum_exp_avx512(row, t) },
                 };
             }
-            if std::arch::is_x86_feature_detected!("avx2") {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
                 return Kernels {
                     // SAFETY (both): only chosen when the CPU has AVX2 (checked above).
                     max_bad: |row| unsafe { x86::max_bad_avx2(row) },
                     block_max_bad: |row, out| unsafe { x86::block_max_bad_avx2(row, out) },
                     exp_pass: |row, max, t, out| unsafe { x86::exp_pass_avx2(row, max, t, out) },
+                    max_sum_exp: |row, t| unsafe { x86::max_sum_exp_avx2(row, t) },
                 };
             }
         }
@@ -102,20 +106,136 @@ fn kernels() -> &'static Kernels {
             max_bad: max_bad_body,
             block_max_bad: block_max_bad_body,
             exp_pass: exp_pass_body,
+            max_sum_exp: max_sum_exp_body,
         }
     })
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::ExpSums;
+    use super::{ExpSums, MaxSumExp};
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn max_sum_exp_avx512(row: &[f32], t: f32) -> MaxSumExp {
+        if t == 1.0 {
+            super::max_sum_exp_chunks_with::<false, _>(row, t, |b, m, s, t| {
+                block_avx512::<false>(b, m, s, t)
+            })
+        } else {
+            super::max_sum_exp_chunks_with::<true, _>(row, t, |b, m, s, t| {
+                block_avx512::<true>(b, m, s, t)
+            })
+        }
+    }
+
+    use std::arch::x86_64::*;
+
+    /// [`super::exp_fma`] on 16 lanes: the same operations in the same order, so the same bits.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn exp16(x: __m512) -> __m512 {
+        let tiny = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(-87.3));
+        let x = _mm512_mask_blend_ps(tiny, x, _mm512_set1_ps(-87.3));
+        let round = _mm512_set1_ps(12_582_912.0);
+        let t = _mm512_fmadd_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E), round);
+        let n = _mm512_sub_ps(t, round);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
+        let mut p = _mm512_set1_ps(1.987_569_2e-4);
+        for c in [
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            1.666_666_5e-1,
+            0.5,
+        ] {
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+        }
+        let y = _mm512_add_ps(
+            _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r),
+            _mm512_set1_ps(1.0),
+        );
+        let e = _mm512_add_epi32(
+            _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(0x4B40_0000)),
+            _mm512_set1_epi32(127),
+        );
+        let v = _mm512_mul_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32::<23>(e)));
+        _mm512_maskz_mov_ps(!tiny, v)
+    }
+
+    /// `scale::<DIV>(l, d, t)` on 16 lanes.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn scale16<const DIV: bool>(l: __m512, d: __m512, t: __m512) -> __m512 {
+        if DIV {
+            let masked = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(l, _mm512_set1_ps(f32::NEG_INFINITY));
+            _mm512_mask_blend_ps(masked, _mm512_div_ps(d, t), l)
+        } else {
+            d
+        }
+    }
+
+    /// Adds the 16 f32 lanes of `w` to the f64 lane sums `lo` (lanes 0-7) and `hi` (8-15).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn widen16(w: __m512) -> (__m512d, __m512d) {
+        let lo = _mm512_cvtps_pd(_mm512_castps512_ps256(w));
+        let hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+            _mm512_castps_pd(w),
+        )));
+        (lo, hi)
+    }
+
+    /// One block of [`super::max_sum_exp_chunks_with`] on AVX-512: the same arithmetic as
+    /// [`super::block_generic`], lane for lane.
+    #[target_feature(enable = "avx512f")]
+    fn block_avx512<const DIV: bool>(
+        block: &[f32],
+        m: &mut [f32; 16],
+        s: &mut [f64; 16],
+        t: f32,
+    ) -> u32 {
+        let tv = _mm512_set1_ps(t);
+        let big = _mm512_set1_ps(f32::MAX);
+        // SAFETY: m and s are 16 lanes; block is MSE_BLOCK values (a multiple of 16).
+        unsafe {
+            let mv = _mm512_loadu_ps(m.as_ptr());
+            let mut bm = mv;
+            let mut bad: u16 = 0;
+            for q in 0..block.len() / 16 {
+                let x = _mm512_loadu_ps(block.as_ptr().add(16 * q));
+                bm = _mm512_max_ps(x, bm);
+                bad |= _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(x, big);
+            }
+            let (rlo, rhi) = widen16(exp16(scale16::<DIV>(mv, _mm512_sub_ps(mv, bm), tv)));
+            let mut slo = _mm512_mul_pd(_mm512_loadu_pd(s.as_ptr()), rlo);
+            let mut shi = _mm512_mul_pd(_mm512_loadu_pd(s.as_ptr().add(8)), rhi);
+            let mut part = _mm512_setzero_ps();
+            for q in 0..block.len() / 16 {
+                let x = _mm512_loadu_ps(block.as_ptr().add(16 * q));
+                part = _mm512_add_ps(part, exp16(scale16::<DIV>(x, _mm512_sub_ps(x, bm), tv)));
+            }
+            let (lo, hi) = widen16(part);
+            slo = _mm512_add_pd(slo, lo);
+            shi = _mm512_add_pd(shi, hi);
+            _mm512_storeu_ps(m.as_mut_ptr(), bm);
+            _mm512_storeu_pd(s.as_mut_ptr(), slo);
+            _mm512_storeu_pd(s.as_mut_ptr().add(8), shi);
+            u32::from(bad)
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn max_sum_exp_avx2(row: &[f32], t: f32) -> MaxSumExp {
+        super::max_sum_exp_body(row, t)
+    }
 
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn max_bad_avx512(row: &[f32]) -> (f32, bool) {
         super::max_bad_body(row)
     }
 
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn max_bad_avx2(row: &[f32]) -> (f32, bool) {
         super::max_bad_body(row)
     }
@@ -125,7 +245,7 @@ mod x86 {
         super::block_max_bad_body(row, out)
     }
 
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn block_max_bad_avx2(row: &[f32], out: &mut [f32]) -> bool {
         super::block_max_bad_body(row, out)
     }
@@ -140,7 +260,7 @@ mod x86 {
         super::exp_pass_body(row, max, t, out)
     }
 
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn exp_pass_avx2(row: &[f32], max: f32, t: f32, out: &mut [f32]) -> ExpSums {
         super::exp_pass_body(row, max, t, out)
     }
@@ -200,18 +320,148 @@ fn max_bad_body(values: &[f32]) -> (f32, bool) {
     (m, any_bad)
 }
 
+/// The result of [`max_sum_exp`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MaxSumExp {
+    /// The maximum (ignoring NaN; `-inf` for an empty or all `-inf` row).
+    pub max: f32,
+    /// `sum exp((l - max) / t)` in f64 (within a few 1e-7 relative of the exact sum).
+    pub sum: f64,
+    /// Some value is NaN or +inf.
+    pub bad: bool,
+}
+
+/// Lanes of [`max_sum_exp`].
+const MSE_LANES: usize = 16;
+/// Values per block of [`max_sum_exp`]: the lanes' maxima are raised (and their sums rescaled)
+/// once per block.
+const MSE_BLOCK: usize = 16 * MSE_LANES;
+
+/// The maximum of `row` and `sum exp((l - max) / t)` in one pass (online softmax: per lane a
+/// running maximum and an f64 sum rescaled when the maximum rises, once per block), with the
+/// NaN / +inf check. Per [`CHUNK`] ids the lanes are combined in lane order, and the chunks
+/// in chunk order, so the result does not depend on how a row is split at chunk boundaries.
+/// Uses [`exp_fma`]. Rows whose maximum is above 1e30 need the exact scalar formula instead
+/// (`l - max` may overflow).
+#[inline]
+pub(crate) fn max_sum_exp(row: &[f32], t: f32) -> MaxSumExp {
+    (kernels().max_sum_exp)(row, t)
+}
+
+#[inline(always)]
+fn max_sum_exp_body(row: &[f32], t: f32) -> MaxSumExp {
+    if t == 1.0 {
+        max_sum_exp_chunks::<false>(row, t)
+    } else {
+        max_sum_exp_chunks::<true>(row, t)
+    }
+}
+
+#[inline(always)]
+fn max_sum_exp_chunks<const DIV: bool>(row: &[f32], t: f32) -> MaxSumExp {
+    max_sum_exp_chunks_with::<DIV, _>(row, t, block_generic::<DIV>)
+}
+
+/// One block of [`max_sum_exp`]: raises each lane's maximum `m` to the block's, rescales its
+/// sum `s`, then adds the block's `exp((l - m) / t)`; returns non-zero if a value is NaN or +inf.
+#[inline(always)]
+fn block_generic<const DIV: bool>(
+    block: &[f32],
+    m: &mut [f32; MSE_LANES],
+    s: &mut [f64; MSE_LANES],
+    t: f32,
+) -> u32 {
+    const L: usize = MSE_LANES;
+    let mut bm = *m;
+    let mut bad = 0u32;
+    for run in block.chunks_exact(L) {
+        for i in 0..L {
+            bm[i] = gt_max(run[i], bm[i]);
+            bad |= u32::from(is_bad(run[i]));
+        }
+    }
+    for i in 0..L {
+        s[i] *= f64::from(exp_fma(scale::<DIV>(m[i], m[i] - bm[i], t)));
+    }
+    *m = bm;
+    // The block's terms in f32 per lane (16 terms: relative error below 1e-6), then into f64.
+    let mut part = [0.0f32; L];
+    for run in block.chunks_exact(L) {
+        for i in 0..L {
+            part[i] += exp_fma(scale::<DIV>(run[i], run[i] - m[i], t));
+        }
+    }
+    for i in 0..L {
+        s[i] += f64::from(part[i]);
+    }
+    bad
+}
+
+#[inline(always)]
+fn max_sum_exp_chunks_with<const DIV: bool, B>(row: &[f32], t: f32, mut block_fn: B) -> MaxSumExp
+where
+    B: FnMut(&[f32], &mut [f32; MSE_LANES], &mut [f64; MSE_LANES], f32) -> u32,
+{
+    const L: usize = MSE_LANES;
+    let mut max = f32::NEG_INFINITY;
+    let mut sum = 0.0f64;
+    let mut bad = 0u32;
+    for part in row.chunks(CHUNK) {
+        // f32::MIN, not -inf: the first rescale is exp(MIN - m) = 0, never exp(-inf + inf).
+        let mut m = [f32::MIN; L];
+        let mut s = [0.0f64; L];
+        let whole = part.len() / MSE_BLOCK * MSE_BLOCK;
+        for block in part[..whole].chunks_exact(MSE_BLOCK) {
+            bad |= block_fn(block, &mut m, &mut s, t);
+        }
+        let mut pm = f32::NEG_INFINITY;
+        for &x in m.iter().chain(&part[whole..]) {
+            pm = gt_max(x, pm);
+        }
+        for &x in &part[whole..] {
+            bad |= u32::from(is_bad(x));
+        }
+        // The lanes start at f32::MIN: it stands for -inf unless a value is f32::MIN.
+        if pm == f32::MIN && !part.contains(&f32::MIN) {
+            pm = f32::NEG_INFINITY;
+        }
+        let mut ps = 0.0f64;
+        if pm > f32::NEG_INFINITY {
+            for i in 0..L {
+                ps += s[i] * f64::from(exp_fma(scale::<DIV>(m[i], m[i] - pm, t)));
+            }
+            for &x in &part[whole..] {
+                ps += f64::from(exp_fma(scale::<DIV>(x, x - pm, t)));
+            }
+        }
+        // Chunk order: rescale the running sum when this chunk raises the maximum.
+        if pm > max {
+            if max > f32::NEG_INFINITY {
+                sum *= f64::from(exp_fma(scale::<DIV>(max, max - pm, t)));
+            }
+            max = pm;
+            sum += ps;
+        } else if pm > f32::NEG_INFINITY {
+            sum += ps * f64::from(exp_fma(scale::<DIV>(pm, pm - max, t)));
+        }
+    }
+    MaxSumExp {
+        max,
+        sum,
+        bad: bad != 0,
+    }
+}
+
 /// The result of [`exp_pass`] over one slice.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct ExpSums {
-    /// f64 sum of the weights written, in a fixed lane order.
-    pub sum: f64,
     /// Some `l - max` may have overflowed f32 (the row's max is above 1e30): the caller redoes
     /// the slice with the exact scalar formula.
     pub overflow: bool,
 }
 
-/// Writes `out[i] = exp_w((row[i] - max) / t)` (0 for `-inf`) and returns their f64 sum.
-/// `row` and `out` have the same length; every value `<= max`.
+/// Writes `out[i] = exp_w((row[i] - max) / t)` (0 for `-inf`). `row` and `out` have the same
+/// length; every value `<= max`.
 #[inline]
 pub(crate) fn exp_pass(row: &[f32], max: f32, t: f32, out: &mut [f32]) -> ExpSums {
     (kernels().exp_pass)(row, max, t, out)
@@ -221,50 +471,21 @@ pub(crate) fn exp_pass(row: &[f32], max: f32, t: f32, out: &mut [f32]) -> ExpSum
 fn exp_pass_body(row: &[f32], max: f32, t: f32, out: &mut [f32]) -> ExpSums {
     // Dividing by 1 is the identity: skip the division (the slowest instruction here).
     if t == 1.0 {
-        exp_pass_chunks::<false>(row, max, t, out)
+        exp_pass_all::<false>(row, max, t, out);
     } else {
-        exp_pass_chunks::<true>(row, max, t, out)
+        exp_pass_all::<true>(row, max, t, out);
+    }
+    // `l - max` leaves f32 (true value below -f32::MAX by more than half an ulp, 2^103) only
+    // when `max` is above 2^103 - (the smallest logit's magnitude): not for `max <= 1e30`.
+    ExpSums {
+        overflow: max > 1e30,
     }
 }
 
-/// Per [`CHUNK`] ids: lane sums, added in lane order to give the chunk's sum; the chunk sums
-/// are added in chunk order. So a row split across threads at chunk boundaries gives the
-/// same bits.
 #[inline(always)]
-fn exp_pass_chunks<const DIV: bool>(row: &[f32], max: f32, t: f32, out: &mut [f32]) -> ExpSums {
-    const L: usize = SUM_LANES;
-    let mut total = 0.0f64;
-    // `l - max` leaves f32 (true value below -f32::MAX by more than half an ulp, 2^103) only
-    // when `max` is above 2^103 - (the smallest logit's magnitude): not for `max <= 1e30`.
-    let overflow = max > 1e30;
-    for (part, dst_part) in row.chunks(CHUNK).zip(out.chunks_mut(CHUNK)) {
-        let mut sums = [0.0f64; L];
-        let n = part.len() / L * L;
-        for (chunk, dst) in part[..n]
-            .chunks_exact(L)
-            .zip(dst_part[..n].chunks_exact_mut(L))
-        {
-            for i in 0..L {
-                let l = chunk[i];
-                let w = exp_w(scale::<DIV>(l, l - max, t));
-                dst[i] = w;
-                sums[i] += f64::from(w);
-            }
-        }
-        let mut part_sum = 0.0f64;
-        for x in sums {
-            part_sum += x;
-        }
-        for (&l, o) in part[n..].iter().zip(&mut dst_part[n..]) {
-            let w = exp_w(scale::<DIV>(l, l - max, t));
-            *o = w;
-            part_sum += f64::from(w);
-        }
-        total += part_sum;
-    }
-    ExpSums {
-        sum: total,
-        overflow,
+fn exp_pass_all<const DIV: bool>(row: &[f32], max: f32, t: f32, out: &mut [f32]) {
+    for (&l, o) in row.iter().zip(out.iter_mut()) {
+        *o = exp_w(scale::<DIV>(l, l - max, t));
     }
 }
 
@@ -320,6 +541,39 @@ pub(crate) fn exp_w(x: f32) -> f32 {
     }
 }
 
+/// `e^x` for `x <= 0` with fused multiply-adds (`f32::mul_add`: one instruction where the CPU
+/// has FMA, the correctly rounded libm `fmaf` elsewhere, so the bits are the same everywhere):
+/// [`exp_w`]'s polynomial, but 0 below -87.3 (where `e^x` leaves the normal range). For the
+/// top-p normaliser only, which such values cannot move (each adds less than 1.2e-38 to a sum
+/// of at least 1); weights use [`exp_w`].
+#[inline(always)]
+pub(crate) fn exp_fma(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    let tiny = x < -87.3;
+    let x = if tiny { -87.3 } else { x };
+    let t = x.mul_add(LOG2E, ROUND);
+    let n = t - ROUND;
+    let r = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, x));
+    let mut p = 1.987_569_2e-4f32;
+    p = p.mul_add(r, 1.398_199_9e-3);
+    p = p.mul_add(r, 8.333_452e-3);
+    p = p.mul_add(r, 4.166_579_6e-2);
+    p = p.mul_add(r, 1.666_666_5e-1);
+    p = p.mul_add(r, 0.5);
+    let y = p.mul_add(r * r, r) + 1.0;
+    // t's low mantissa bits hold n + 2^22; n + 127 is the biased exponent of 2^n (n >= -126).
+    let bits = (t.to_bits() as i32 - 0x4B40_0000 + 127) << 23;
+    let v = y * f32::from_bits(bits as u32);
+    if tiny {
+        0.0
+    } else {
+        v
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -358,6 +612,53 @@ mod tests {
     }
 
     #[test]
+    fn max_sum_exp_equals_the_f64_sum() {
+        let row: Vec<f32> = (0..20_011)
+            .map(|i| {
+                ((i * 7919) % 2003) as f32 * 0.01 - 20.0 + if i == 15_000 { 40.0 } else { 0.0 }
+            })
+            .chain([f32::NEG_INFINITY])
+            .collect();
+        let max = max_of(&row);
+        for t in [1.0f32, 0.7, 3.0] {
+            let got = max_sum_exp(&row, t);
+            assert_eq!(got.max, max);
+            assert!(!got.bad);
+            let want: f64 = row
+                .iter()
+                .map(|&l| ((f64::from(l) - f64::from(max)) / f64::from(t)).exp())
+                .sum();
+            assert!(
+                (got.sum - want).abs() <= 1e-6 * want,
+                "{} vs {want}",
+                got.sum
+            );
+            // The baseline body gives the same bits as the dispatched one.
+            let base = max_sum_exp_body(&row, t);
+            assert_eq!(base.sum.to_bits(), got.sum.to_bits());
+        }
+        let mut nan = row.clone();
+        nan[20_005] = f32::NAN;
+        assert!(max_sum_exp(&nan, 1.0).bad);
+        assert!(max_sum_exp(&nan[..100], 1.0).max < 21.0);
+        let all_masked = [f32::NEG_INFINITY; 300];
+        let r = max_sum_exp(&all_masked, 1.0);
+        assert_eq!((r.max, r.sum, r.bad), (f32::NEG_INFINITY, 0.0, false));
+    }
+
+    #[test]
+    fn exp_fma_is_within_a_few_ulps_of_exp() {
+        let mut x = -87.0f32;
+        while x <= 0.0 {
+            let want = f64::from(x).exp();
+            let got = f64::from(exp_fma(x));
+            assert!(((got - want) / want).abs() < 4e-7, "{x}");
+            x += 0.000_37;
+        }
+        assert_eq!(exp_fma(f32::NEG_INFINITY), 0.0);
+    }
+
+    #[test]
     fn max_bad_finds_the_max_and_any_nan_or_inf() {
         let mut v: Vec<f32> = (0..1000).map(|i| ((i * 37) % 101) as f32 - 50.0).collect();
         assert_eq!(max_bad(&v), (50.0, false));
@@ -384,15 +685,11 @@ mod tests {
         let max = max_of(&row);
         for t in [1.0f32, 0.7] {
             let mut out = vec![0.0; row.len()];
-            let sums = exp_pass(&row, max, t, &mut out);
-            assert!(!sums.overflow);
-            let mut want_sum = 0.0f64;
+            assert!(!exp_pass(&row, max, t, &mut out).overflow);
             for (i, &l) in row.iter().enumerate() {
                 let w = exp_w((l - max) / t);
                 assert_eq!(out[i].to_bits(), w.to_bits(), "id {i}");
-                want_sum += f64::from(w);
             }
-            assert!((sums.sum - want_sum).abs() <= 1e-12 * want_sum);
         }
         let mut out = vec![0.0; 2];
         assert!(exp_pass(&[f32::MAX, -f32::MAX], f32::MAX, 1.0, &mut out).overflow);

@@ -500,6 +500,19 @@ fn better(a: &Cand, b: &Cand) -> Ordering {
     b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id))
 }
 
+/// A u64 whose ascending order is [`better`]'s: the logit's total-order bits, inverted, above
+/// the id. Cheaper to compare than two fields.
+#[inline(always)]
+fn rank_key(c: &Cand) -> u64 {
+    let b = c.logit.to_bits();
+    let ascending = if b & 0x8000_0000 != 0 {
+        !b
+    } else {
+        b | 0x8000_0000
+    };
+    (u64::from(!ascending) << 32) | u64::from(c.id)
+}
+
 /// Per-thread buffers, reused across rows so the hot path does not allocate once warm.
 #[derive(Default)]
 struct Scratch {
@@ -646,8 +659,12 @@ fn prepare_with(
     let sparse = modifies
         && params.allowed_token_ids.is_none()
         && (greedy || k_on)
-        && sparse_modifications(row, floor, request, scratch)?
-            .is_some_and(|m| (keep + m) * LIST_FRACTION <= vocab);
+        && match sparse_modifications(row, floor, request, scratch) {
+            Ok(m) => m.is_some_and(|m| (keep + m) * LIST_FRACTION <= vocab),
+            // Step 1 comes first: a NaN row reports that, not the penalty's error.
+            Err(_) if !probs && kernels::max_bad(row).1 => return Err(non_finite(row)),
+            Err(e) => return Err(e),
+        };
     let logits: &[f32] = if modifies && !sparse {
         // Step 1 on the caller's row, then the copy.
         if kernels::max_bad(row).1 {
@@ -662,17 +679,47 @@ fn prepare_with(
     // The best `keep` candidates (plus the modified ids in sparse mode), in one pass that also
     // finds NaN / +inf (step 1 for logits; the copy's source row was checked above). One
     // candidate: the maximum, by a vectorised max over blocks.
-    let want = keep + if sparse { scratch.mod_ids.len() } else { 0 };
-    let bad = if want == 1 {
+    // Top-p alone on logits: the maximum and the normaliser in one online pass.
+    let online = !greedy && !k_on && p_on && params.min_p == 0.0 && !probs;
+    let mut online_z = None;
+    let bad = if online {
+        let r = kernels::max_sum_exp(logits, params.temperature as f32);
+        scratch.cand.clear();
+        if r.max > floor {
+            // The maximum's id is not needed: top-p collects every candidate again.
+            scratch.cand.push(Cand {
+                logit: r.max,
+                id: 0,
+                w: 0.0,
+            });
+            if r.max <= 1e30 {
+                online_z = Some(r.sum);
+            }
+        }
+        r.bad
+    } else if keep == 1 && !sparse {
         argmax(logits, floor, &mut scratch.block_max, &mut scratch.cand)
+    } else if sparse {
+        // The best `keep` unmodified ids (the modified ones are skipped), then the modified
+        // ones with their new values: the best `keep` of both is exact.
+        let words = vocab.div_ceil(64);
+        if scratch.mark.len() < words {
+            scratch.mark.resize(words, 0);
+        }
+        for &id in &scratch.mod_ids {
+            scratch.mark[id as usize / 64] |= 1 << (id % 64);
+        }
+        let bad = scan_top(logits, floor, keep, &scratch.mark, &mut scratch.cand);
+        for &id in &scratch.mod_ids {
+            scratch.mark[id as usize / 64] = 0;
+        }
+        merge_modifications(floor, keep, scratch);
+        bad
     } else {
-        scan_top(logits, floor, want, &mut scratch.cand)
+        scan_top(logits, floor, keep, &[], &mut scratch.cand)
     };
     if bad && !probs && logits.as_ptr() == row.as_ptr() {
         return Err(non_finite(row));
-    }
-    if sparse {
-        merge_modifications(floor, keep, scratch);
     }
     let Some(best) = scratch.cand.iter().copied().min_by(better) else {
         return Err(SampleError::NoCandidates);
@@ -757,40 +804,39 @@ fn prepare_with(
         // below `eps = (1 - p) z / vocab`, those tokens would all weigh less than `eps` and
         // so less than `(1 - p) z` together. So only tokens with weight `>= eps` (a cut
         // slightly below, in logit units) are candidates.
-        let w = dense_weights(&mut scratch.weights, vocab);
         let mut level = f32::NEG_INFINITY;
-        let z = if probs {
-            w.copy_from_slice(logits);
-            chunked_sum(w.iter().copied().enumerate())
-        } else {
-            let sums = kernels::exp_pass(logits, max, t, w);
-            if sums.overflow {
+        let mut weights_ready = false;
+        let z = match online_z {
+            Some(z) => {
+                let eps = (1.0 - params.top_p) * z / vocab as f64;
+                if eps > 0.0 {
+                    // The exps are within 1e-6 relative of exp: a margin of 1e-3 in log units.
+                    level = (eps.ln() - 1e-3) as f32;
+                }
+                z
+            }
+            None => {
+                // Probabilities, or logits beyond ±1e30: every weight, exactly.
+                weights_ready = true;
+                let w = dense_weights(&mut scratch.weights, vocab);
                 for (wi, &l) in w.iter_mut().zip(logits) {
                     *wi = weight(l);
                 }
                 chunked_sum(w.iter().copied().enumerate())
-            } else {
-                let eps = (1.0 - params.top_p) * sums.sum / vocab as f64;
-                if eps > 0.0 {
-                    // exp_w is within 1e-6 relative of exp: a margin of 1e-3 in log units.
-                    level = (eps.ln() - 1e-3) as f32;
-                }
-                sums.sum
             }
         };
         cand.clear();
-        let cut = if probs || level == f32::NEG_INFINITY {
+        let cut = if level == f32::NEG_INFINITY {
             f32::NEG_INFINITY
         } else {
             logit_cut(max, f64::from(level), t64)
         };
         collect(logits, floor, cut, cand);
-        let w = &scratch.weights[..vocab];
         for c in cand.iter_mut() {
-            c.w = w[c.id as usize];
+            c.w = weight(c.logit);
         }
         let kept = top_p_prefix(cand, params.top_p * z);
-        return finish(logits, kept, scratch, true, weight);
+        return finish(logits, kept, scratch, weights_ready, weight);
     }
 
     // Step 10: top-p over the candidates, renormalised among them.
@@ -884,19 +930,18 @@ fn non_finite(row: &[f32]) -> SampleError {
     }
 }
 
-/// The exactly-`keep` best tokens (value desc, id asc) among the values above `floor`, into
-/// `out` (unordered). Visits only the blocks whose maximum beats the current `keep`-th best:
-/// an element enters the buffer only if it beats it; a full buffer is cut back to `keep`
-/// with a linear-time selection, raising the threshold. `keep >= 1`.
-fn scan_top(logits: &[f32], floor: f32, keep: usize, out: &mut Vec<Cand>) -> bool {
+/// The exactly-`keep` best tokens (value desc, id asc) among the values above `floor` whose
+/// ids are not set in the bitset `exclude` (empty: none excluded), into `out` (unordered), in
+/// one vectorised pass that also reports whether any value is NaN or +inf. `keep >= 1`.
+fn scan_top(logits: &[f32], floor: f32, keep: usize, exclude: &[u64], out: &mut Vec<Cand>) -> bool {
     match kernels::isa() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `isa()` reports AVX-512F only when the CPU has it.
-        kernels::Isa::Avx512 => unsafe { x86::scan_top_avx512(logits, floor, keep, out) },
+        kernels::Isa::Avx512 => unsafe { x86::scan_top_avx512(logits, floor, keep, exclude, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `isa()` reports AVX2 only when the CPU has it.
-        kernels::Isa::Avx2 => unsafe { x86::scan_top_avx2(logits, floor, keep, out) },
-        kernels::Isa::Baseline => scan_top_body::<false>(logits, floor, keep, out),
+        kernels::Isa::Avx2 => unsafe { x86::scan_top_avx2(logits, floor, keep, exclude, out) },
+        kernels::Isa::Baseline => scan_top_body::<SSE2>(logits, floor, keep, exclude, out),
     }
 }
 
@@ -910,7 +955,7 @@ fn collect(logits: &[f32], floor: f32, cut: f32, out: &mut Vec<Cand>) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `isa()` reports AVX2 only when the CPU has it.
         kernels::Isa::Avx2 => unsafe { x86::collect_avx2(logits, floor, cut, out) },
-        kernels::Isa::Baseline => collect_body::<false>(logits, floor, cut, out),
+        kernels::Isa::Baseline => collect_body::<SSE2>(logits, floor, cut, out),
     }
 }
 
@@ -923,9 +968,10 @@ mod x86 {
         logits: &[f32],
         floor: f32,
         keep: usize,
+        exclude: &[u64],
         out: &mut Vec<Cand>,
     ) -> bool {
-        super::scan_top_body::<true>(logits, floor, keep, out)
+        super::scan_top_body::<{ super::AVX512 }>(logits, floor, keep, exclude, out)
     }
 
     #[target_feature(enable = "avx2")]
@@ -933,41 +979,61 @@ mod x86 {
         logits: &[f32],
         floor: f32,
         keep: usize,
+        exclude: &[u64],
         out: &mut Vec<Cand>,
     ) -> bool {
-        super::scan_top_body::<true>(logits, floor, keep, out)
+        super::scan_top_body::<{ super::AVX2 }>(logits, floor, keep, exclude, out)
     }
 
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn collect_avx512(logits: &[f32], floor: f32, cut: f32, out: &mut Vec<Cand>) {
-        super::collect_body::<true>(logits, floor, cut, out)
+        super::collect_body::<{ super::AVX512 }>(logits, floor, cut, out)
     }
 
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn collect_avx2(logits: &[f32], floor: f32, cut: f32, out: &mut Vec<Cand>) {
-        super::collect_body::<true>(logits, floor, cut, out)
+        super::collect_body::<{ super::AVX2 }>(logits, floor, cut, out)
     }
 }
 
 /// Values per run of the vectorised compares: one bit mask per run.
 const RUN: usize = 32;
 
+/// Instruction-set levels of [`run_masks`]: SSE2 (part of x86-64), AVX2, AVX-512F.
+const SSE2: u8 = 0;
+const AVX2: u8 = 1;
+const AVX512: u8 = 2;
+
 /// Bit masks of one run: bit `j` of the first is `pass(run[j], t)` (`x > t`, or `x >= t` when
-/// `INCLUSIVE`), of the second "`run[j]` is NaN or +inf". With `AVX` it uses AVX instructions:
-/// only instantiated inside functions compiled with AVX2 enabled.
+/// `INCLUSIVE`), of the second "`run[j]` is NaN or +inf". `ISA` picks the instructions; a level
+/// above SSE2 is only instantiated inside functions compiled with that level enabled (the
+/// target_feature wrappers of [`x86`]).
 #[inline(always)]
-fn run_masks<const AVX: bool, const INCLUSIVE: bool>(run: &[f32], t: f32) -> (u32, u32) {
+fn run_masks<const ISA: u8, const INCLUSIVE: bool>(run: &[f32], t: f32) -> (u32, u32) {
     debug_assert_eq!(run.len(), RUN);
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::*;
-        // SAFETY: `run` holds RUN = 32 values (unaligned loads); with AVX, every caller is
-        // compiled with AVX2 enabled (the target_feature wrappers of [`x86`]); SSE2 is part of
-        // x86-64.
+        // SAFETY: `run` holds RUN = 32 values (unaligned loads); levels above SSE2 run only
+        // where the caller was compiled with them (see above); SSE2 is part of x86-64.
         unsafe {
             let p = run.as_ptr();
             let (mut pass, mut bad) = (0u32, 0u32);
-            if AVX {
+            if ISA == AVX512 {
+                let tv = _mm512_set1_ps(t);
+                let big = _mm512_set1_ps(f32::MAX);
+                for q in 0..RUN / 16 {
+                    let x = _mm512_loadu_ps(p.add(16 * q));
+                    let m = if INCLUSIVE {
+                        _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, tv)
+                    } else {
+                        _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, tv)
+                    };
+                    pass |= u32::from(m) << (16 * q);
+                    let b = _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(x, big);
+                    bad |= u32::from(b) << (16 * q);
+                }
+            } else if ISA == AVX2 {
                 let tv = _mm256_set1_ps(t);
                 let big = _mm256_set1_ps(f32::MAX);
                 for q in 0..RUN / 8 {
@@ -1014,7 +1080,7 @@ fn run_masks<const AVX: bool, const INCLUSIVE: bool>(run: &[f32], t: f32) -> (u3
 /// when `INCLUSIVE`), in index order, reading the threshold again after each visit; returns
 /// whether any value is NaN or +inf. Runs whose mask is empty cost one vector compare each.
 #[inline(always)]
-fn scan_runs<const AVX: bool, const INCLUSIVE: bool>(
+fn scan_runs<const ISA: u8, const INCLUSIVE: bool>(
     values: &[f32],
     threshold: &mut f32,
     mut visit: impl FnMut(usize, f32, &mut f32),
@@ -1023,7 +1089,7 @@ fn scan_runs<const AVX: bool, const INCLUSIVE: bool>(
     let mut bad = 0u32;
     let whole = values.len() / RUN * RUN;
     for (r, run) in values[..whole].chunks_exact(RUN).enumerate() {
-        let (mut mask, bad_mask) = run_masks::<AVX, INCLUSIVE>(run, *threshold);
+        let (mut mask, bad_mask) = run_masks::<ISA, INCLUSIVE>(run, *threshold);
         bad |= bad_mask;
         while mask != 0 {
             let j = mask.trailing_zeros() as usize;
@@ -1045,18 +1111,22 @@ fn scan_runs<const AVX: bool, const INCLUSIVE: bool>(
 /// [`scan_top`]: a buffer of candidates above a rising threshold. An element enters only if
 /// it beats the current `keep`-th best (strictly: an equal element has a higher id, so it ranks
 /// lower); the buffer is cut back to `keep` by a linear-time selection whenever it holds
-/// `2 keep` (or `keep + 256`) elements, raising the threshold. Amortised O(1) per element.
+/// `2 keep` elements, raising the threshold. Amortised O(1) per element.
 #[inline(always)]
-fn scan_top_body<const AVX: bool>(
+fn scan_top_body<const ISA: u8>(
     logits: &[f32],
     floor: f32,
     keep: usize,
+    exclude: &[u64],
     out: &mut Vec<Cand>,
 ) -> bool {
     out.clear();
     let cap = 2 * keep;
     let mut threshold = floor;
-    let bad = scan_runs::<AVX, false>(logits, &mut threshold, |i, l, threshold| {
+    let bad = scan_runs::<ISA, false>(logits, &mut threshold, |i, l, threshold| {
+        if !exclude.is_empty() && exclude[i / 64] & (1 << (i % 64)) != 0 {
+            return;
+        }
         out.push(Cand {
             logit: l,
             id: i as u32,
@@ -1074,9 +1144,9 @@ fn scan_top_body<const AVX: bool>(
 }
 
 #[inline(always)]
-fn collect_body<const AVX: bool>(logits: &[f32], floor: f32, cut: f32, out: &mut Vec<Cand>) {
+fn collect_body<const ISA: u8>(logits: &[f32], floor: f32, cut: f32, out: &mut Vec<Cand>) {
     let mut threshold = cut;
-    scan_runs::<AVX, true>(logits, &mut threshold, |i, l, _| {
+    scan_runs::<ISA, true>(logits, &mut threshold, |i, l, _| {
         if l > floor {
             out.push(Cand {
                 logit: l,
@@ -1090,7 +1160,7 @@ fn collect_body<const AVX: bool>(logits: &[f32], floor: f32, cut: f32, out: &mut
 /// Keeps the best `keep` candidates, the worst of them last.
 #[inline(never)]
 fn compact(out: &mut Vec<Cand>, keep: usize) {
-    out.select_nth_unstable_by(keep - 1, better);
+    out.select_nth_unstable_by_key(keep - 1, rank_key);
     out.truncate(keep);
 }
 
@@ -1194,12 +1264,10 @@ fn sparse_modifications(
     Ok(Some(scratch.mod_ids.len()))
 }
 
-/// Replaces the raw values of the modified ids among the scan's candidates by their modified
-/// values and keeps the best `keep`. Exact: the scan kept the best `keep + m` raw values, and
-/// at most the `m` modified ids can rank above an unmodified member of the true best `keep`.
+/// Adds the modified ids with their modified values to the scan's candidates (the best
+/// `keep` unmodified ids) and keeps the best `keep` of both.
 fn merge_modifications(floor: f32, keep: usize, scratch: &mut Scratch) {
     let (ids, vals, cand) = (&scratch.mod_ids, &scratch.mod_vals, &mut scratch.cand);
-    cand.retain(|c| ids.binary_search(&c.id).is_err());
     for (&id, &v) in ids.iter().zip(vals) {
         if v > floor {
             cand.push(Cand {
@@ -1210,8 +1278,7 @@ fn merge_modifications(floor: f32, keep: usize, scratch: &mut Scratch) {
         }
     }
     if cand.len() > keep {
-        cand.select_nth_unstable_by(keep - 1, better);
-        cand.truncate(keep);
+        compact(cand, keep);
     }
 }
 
