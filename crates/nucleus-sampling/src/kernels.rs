@@ -434,22 +434,50 @@ where
                 ps += f64::from(exp_fma(scale::<DIV>(x, x - pm, t)));
             }
         }
-        // Chunk order: rescale the running sum when this chunk raises the maximum.
-        if pm > max {
-            if max > f32::NEG_INFINITY {
-                sum *= f64::from(exp_fma(scale::<DIV>(max, max - pm, t)));
-            }
-            max = pm;
-            sum += ps;
-        } else if pm > f32::NEG_INFINITY {
-            sum += ps * f64::from(exp_fma(scale::<DIV>(pm, pm - max, t)));
-        }
+        let next = MaxSumExp {
+            max: pm,
+            sum: ps,
+            bad: false,
+        };
+        (max, sum) = combine(max, sum, next, t);
     }
     MaxSumExp {
         max,
         sum,
         bad: bad != 0,
     }
+}
+
+/// Chunk order: adds a chunk's (maximum, sum relative to it) to the running pair, rescaling
+/// the running sum when the chunk raises the maximum.
+#[inline(always)]
+fn combine(max: f32, sum: f64, next: MaxSumExp, t: f32) -> (f32, f64) {
+    let (pm, ps) = (next.max, next.sum);
+    if pm > max {
+        let mut sum = sum;
+        if max > f32::NEG_INFINITY {
+            sum *= f64::from(exp_fma(scale::<true>(max, max - pm, t)));
+        }
+        (pm, sum + ps)
+    } else if pm > f32::NEG_INFINITY {
+        (
+            max,
+            sum + ps * f64::from(exp_fma(scale::<true>(pm, pm - max, t))),
+        )
+    } else {
+        (max, sum)
+    }
+}
+
+/// Folds per-chunk results of [`max_sum_exp`] (each over exactly one [`CHUNK`]-aligned chunk),
+/// in chunk order: the same bits as [`max_sum_exp`] over the whole row.
+pub(crate) fn max_sum_exp_fold(parts: impl Iterator<Item = MaxSumExp>, t: f32) -> MaxSumExp {
+    let (mut max, mut sum, mut bad) = (f32::NEG_INFINITY, 0.0f64, false);
+    for part in parts {
+        bad |= part.bad;
+        (max, sum) = combine(max, sum, part, t);
+    }
+    MaxSumExp { max, sum, bad }
 }
 
 /// The result of [`exp_pass`] over one slice.

@@ -37,6 +37,11 @@ use crate::view::{InputKind, LogitValue, LogitsView};
 /// Ids per chunk of the f64 mass sums (spec/sampling.md: chunking independent of threads).
 pub(crate) const CHUNK: usize = 8192;
 
+/// Rows at least this long have their passes split across the rayon pool's threads when the
+/// batch leaves threads idle (batch 1, typically). Chunks of [`CHUNK`] ids are the unit, so
+/// the results are the same bits as unsplit.
+const SPLIT_MIN: usize = 4 * CHUNK;
+
 /// A survivor list shorter than `vocab / LIST_FRACTION` is sorted by id; a longer one is
 /// found again by one boundary pass over the row.
 const LIST_FRACTION: usize = 16;
@@ -174,13 +179,15 @@ pub fn sample_batch<T: LogitValue>(
             batch: logits.batch(),
         });
     }
+    // Fewer rows than threads: split each long row's passes across the idle threads.
+    let split = logits.batch() < rayon::current_num_threads();
     Ok(requests
         .par_iter()
         .enumerate()
         .map(|(i, request)| match T::as_f32(logits.row(i)) {
-            Some(row) => sample_kind(row, logits.kind(), request),
+            Some(row) => sample_kind(row, logits.kind(), request, split),
             None => with_widened(logits.row(i), |row| {
-                sample_kind(row, logits.kind(), request)
+                sample_kind(row, logits.kind(), request, split)
             }),
         })
         .collect())
@@ -198,7 +205,7 @@ pub fn sample_batch<T: LogitValue>(
 /// - [`SampleError::PenaltyOverflow`]: the repetition penalty took a logit out of the f32 range.
 /// - [`SampleError::SeedUnavailable`]: no seed was given and the OS gave none.
 pub fn sample_row(row: &[f32], request: &SampleRequest<'_>) -> Result<SampleOutput, SampleError> {
-    sample_kind(row, InputKind::Logits, request)
+    sample_kind(row, InputKind::Logits, request, true)
 }
 
 /// [`sample_row`] for a row of probabilities ([`InputKind::Probs`]): non-negative weights,
@@ -212,13 +219,16 @@ pub fn sample_row_from_probs(
     probs: &[f32],
     request: &SampleRequest<'_>,
 ) -> Result<SampleOutput, SampleError> {
-    sample_kind(probs, InputKind::Probs, request)
+    sample_kind(probs, InputKind::Probs, request, true)
 }
 
+/// `split`: the row's passes may be split across the current rayon pool (when it is long
+/// enough; see [`SPLIT_MIN`]). The result is the same either way.
 fn sample_kind(
     row: &[f32],
     kind: InputKind,
     request: &SampleRequest<'_>,
+    split: bool,
 ) -> Result<SampleOutput, SampleError> {
     let params = request.params;
     let seed = match params.seed {
@@ -247,7 +257,7 @@ fn sample_kind(
         }
     }
     with_scratch(|scratch| {
-        let prepared = prepare(row, kind, request, scratch)?;
+        let prepared = prepare(row, kind, request, scratch, split)?;
         let draw = |j: usize, scratch: &Scratch| -> (u32, f32, f64, usize) {
             match prepared.support {
                 Support::Greedy(token) => (token, 1.0, 1.0, 1),
@@ -434,7 +444,7 @@ fn chunked_sum_f64(items: impl Iterator<Item = f64>) -> f64 {
 /// # Errors
 /// As [`sample_row`], except that no seed is needed.
 pub fn distribution(row: &[f32], request: &SampleRequest<'_>) -> Result<Vec<f64>, SampleError> {
-    distribution_kind(row, InputKind::Logits, request)
+    distribution_kind(row, InputKind::Logits, request, true)
 }
 
 /// [`distribution`] for a row of probabilities (see [`sample_row_from_probs`]).
@@ -445,16 +455,17 @@ pub fn distribution_from_probs(
     probs: &[f32],
     request: &SampleRequest<'_>,
 ) -> Result<Vec<f64>, SampleError> {
-    distribution_kind(probs, InputKind::Probs, request)
+    distribution_kind(probs, InputKind::Probs, request, true)
 }
 
 fn distribution_kind(
     row: &[f32],
     kind: InputKind,
     request: &SampleRequest<'_>,
+    split: bool,
 ) -> Result<Vec<f64>, SampleError> {
     with_scratch(|scratch| {
-        let prepared = prepare(row, kind, request, scratch)?;
+        let prepared = prepare(row, kind, request, scratch, split)?;
         let mut out = vec![0.0f64; row.len()];
         match prepared.support {
             Support::Greedy(token) => out[token as usize] = 1.0,
@@ -594,10 +605,12 @@ fn prepare(
     kind: InputKind,
     request: &SampleRequest<'_>,
     scratch: &mut Scratch,
+    split: bool,
 ) -> Result<Prepared, SampleError> {
     // The copy of the row lives outside `scratch` while the rest of it is written.
     let mut copy = std::mem::take(&mut scratch.logits);
-    let prepared = prepare_with(row, kind, request, &mut copy, scratch);
+    let split = split && row.len() >= SPLIT_MIN && rayon::current_num_threads() > 1;
+    let prepared = prepare_with(row, kind, request, &mut copy, scratch, split);
     scratch.logits = copy;
     prepared
 }
@@ -608,6 +621,7 @@ fn prepare_with(
     request: &SampleRequest<'_>,
     copy: &mut Vec<f32>,
     scratch: &mut Scratch,
+    split: bool,
 ) -> Result<Prepared, SampleError> {
     let params = request.params;
     params.validate()?;
@@ -683,7 +697,7 @@ fn prepare_with(
     let online = !greedy && !k_on && p_on && params.min_p == 0.0 && !probs;
     let mut online_z = None;
     let bad = if online {
-        let r = kernels::max_sum_exp(logits, params.temperature as f32);
+        let r = row_max_sum_exp(logits, params.temperature as f32, split);
         scratch.cand.clear();
         if r.max > floor {
             // The maximum's id is not needed: top-p collects every candidate again.
@@ -698,7 +712,13 @@ fn prepare_with(
         }
         r.bad
     } else if keep == 1 && !sparse {
-        argmax(logits, floor, &mut scratch.block_max, &mut scratch.cand)
+        argmax(
+            logits,
+            floor,
+            &mut scratch.block_max,
+            &mut scratch.cand,
+            split,
+        )
     } else if sparse {
         // The best `keep` unmodified ids (the modified ones are skipped), then the modified
         // ones with their new values: the best `keep` of both is exact.
@@ -709,14 +729,14 @@ fn prepare_with(
         for &id in &scratch.mod_ids {
             scratch.mark[id as usize / 64] |= 1 << (id % 64);
         }
-        let bad = scan_top(logits, floor, keep, &scratch.mark, &mut scratch.cand);
+        let bad = scan_top(logits, floor, keep, &scratch.mark, &mut scratch.cand, split);
         for &id in &scratch.mod_ids {
             scratch.mark[id as usize / 64] = 0;
         }
         merge_modifications(floor, keep, scratch);
         bad
     } else {
-        scan_top(logits, floor, keep, &[], &mut scratch.cand)
+        scan_top(logits, floor, keep, &[], &mut scratch.cand, split)
     };
     if bad && !probs && logits.as_ptr() == row.as_ptr() {
         return Err(non_finite(row));
@@ -763,7 +783,9 @@ fn prepare_with(
     let cand = &mut scratch.cand;
     if k_on {
         // Step 9: `cand` holds the top k. top-k and min_p keep prefixes of one order: their
-        // intersection is the shorter one.
+        // intersection is the shorter one. Sorted by rank, so that what follows (top-p's f64
+        // sums) sees one order however the scan ran.
+        cand.sort_unstable_by_key(rank_key);
         if min_p_on {
             cand.retain(|c| passes_min_p(c.logit));
         }
@@ -778,7 +800,7 @@ fn prepare_with(
         } else {
             logit_cut(max, ln_min_p, t64)
         };
-        collect(logits, floor, cut, cand);
+        collect(logits, floor, cut, cand, split);
         cand.retain(|c| passes_min_p(c.logit));
         for c in cand.iter_mut() {
             c.w = weight(c.logit);
@@ -789,7 +811,7 @@ fn prepare_with(
         if probs {
             w.copy_from_slice(logits);
         } else {
-            if kernels::exp_pass(logits, max, t, w).overflow {
+            if row_exp_pass(logits, max, t, w, split) {
                 for (wi, &l) in w.iter_mut().zip(logits) {
                     *wi = weight(l);
                 }
@@ -831,7 +853,7 @@ fn prepare_with(
         } else {
             logit_cut(max, f64::from(level), t64)
         };
-        collect(logits, floor, cut, cand);
+        collect(logits, floor, cut, cand, split);
         for c in cand.iter_mut() {
             c.w = weight(c.logit);
         }
@@ -892,11 +914,25 @@ fn finish(
 /// every value is at or below `floor`): one vectorised max pass over blocks of
 /// [`kernels::BLOCK`] values, then a search of the first block holding the maximum. Returns
 /// whether any value is NaN or +inf.
-fn argmax(logits: &[f32], floor: f32, block_max: &mut Vec<f32>, out: &mut Vec<Cand>) -> bool {
+fn argmax(
+    logits: &[f32],
+    floor: f32,
+    block_max: &mut Vec<f32>,
+    out: &mut Vec<Cand>,
+    split: bool,
+) -> bool {
     out.clear();
     block_max.clear();
     block_max.resize(logits.len().div_ceil(kernels::BLOCK), f32::NEG_INFINITY);
-    let bad = kernels::block_max_bad(logits, block_max);
+    let bad = if split {
+        logits
+            .par_chunks(CHUNK)
+            .zip(block_max.par_chunks_mut(CHUNK / kernels::BLOCK))
+            .map(|(part, out)| kernels::block_max_bad(part, out))
+            .reduce(|| false, |a, b| a | b)
+    } else {
+        kernels::block_max_bad(logits, block_max)
+    };
     let mut best = (floor, usize::MAX);
     for (b, &m) in block_max.iter().enumerate() {
         if m > best.0 {
@@ -918,6 +954,34 @@ fn argmax(logits: &[f32], floor: f32, block_max: &mut Vec<f32>, out: &mut Vec<Ca
     bad
 }
 
+/// [`kernels::max_sum_exp`] over the row, chunk by chunk across the pool when `split`
+/// (folded in chunk order: the same bits).
+fn row_max_sum_exp(logits: &[f32], t: f32, split: bool) -> kernels::MaxSumExp {
+    if split {
+        let parts: Vec<kernels::MaxSumExp> = logits
+            .par_chunks(CHUNK)
+            .map(|part| kernels::max_sum_exp(part, t))
+            .collect();
+        kernels::max_sum_exp_fold(parts.into_iter(), t)
+    } else {
+        kernels::max_sum_exp(logits, t)
+    }
+}
+
+/// [`kernels::exp_pass`] over the row (chunks across the pool when `split`); returns whether
+/// the caller must redo it exactly (`l - max` may have overflowed).
+fn row_exp_pass(logits: &[f32], max: f32, t: f32, out: &mut [f32], split: bool) -> bool {
+    if split {
+        logits
+            .par_chunks(CHUNK)
+            .zip(out.par_chunks_mut(CHUNK))
+            .map(|(part, o)| kernels::exp_pass(part, max, t, o).overflow)
+            .reduce(|| false, |a, b| a | b)
+    } else {
+        kernels::exp_pass(logits, max, t, out).overflow
+    }
+}
+
 /// The error for a row holding NaN or +inf: the lowest such id.
 fn non_finite(row: &[f32]) -> SampleError {
     let i = row
@@ -933,7 +997,45 @@ fn non_finite(row: &[f32]) -> SampleError {
 /// The exactly-`keep` best tokens (value desc, id asc) among the values above `floor` whose
 /// ids are not set in the bitset `exclude` (empty: none excluded), into `out` (unordered), in
 /// one vectorised pass that also reports whether any value is NaN or +inf. `keep >= 1`.
-fn scan_top(logits: &[f32], floor: f32, keep: usize, exclude: &[u64], out: &mut Vec<Cand>) -> bool {
+fn scan_top(
+    logits: &[f32],
+    floor: f32,
+    keep: usize,
+    exclude: &[u64],
+    out: &mut Vec<Cand>,
+    split: bool,
+) -> bool {
+    if split {
+        // Each chunk's best `keep`, then the best `keep` of those (a buffer per chunk: the
+        // split path allocates).
+        let parts: Vec<(Vec<Cand>, bool)> = logits
+            .par_chunks(CHUNK)
+            .enumerate()
+            .map(|(c, part)| {
+                let exclude = if exclude.is_empty() {
+                    exclude
+                } else {
+                    &exclude[c * CHUNK / 64..]
+                };
+                let mut v = Vec::with_capacity(2 * keep);
+                let bad = scan_top(part, floor, keep, exclude, &mut v, false);
+                for cand in &mut v {
+                    cand.id += (c * CHUNK) as u32;
+                }
+                (v, bad)
+            })
+            .collect();
+        out.clear();
+        let mut bad = false;
+        for (v, b) in parts {
+            out.extend_from_slice(&v);
+            bad |= b;
+        }
+        if out.len() > keep {
+            compact(out, keep);
+        }
+        return bad;
+    }
     match kernels::isa() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `isa()` reports AVX-512F only when the CPU has it.
@@ -947,7 +1049,25 @@ fn scan_top(logits: &[f32], floor: f32, keep: usize, exclude: &[u64], out: &mut 
 
 /// Appends to `out` every token above `floor` whose value is `>= cut`, in id order, in one
 /// vectorised pass of compares.
-fn collect(logits: &[f32], floor: f32, cut: f32, out: &mut Vec<Cand>) {
+fn collect(logits: &[f32], floor: f32, cut: f32, out: &mut Vec<Cand>, split: bool) {
+    if split {
+        let parts: Vec<Vec<Cand>> = logits
+            .par_chunks(CHUNK)
+            .enumerate()
+            .map(|(c, part)| {
+                let mut v = Vec::new();
+                collect(part, floor, cut, &mut v, false);
+                for cand in &mut v {
+                    cand.id += (c * CHUNK) as u32;
+                }
+                v
+            })
+            .collect();
+        for v in parts {
+            out.extend_from_slice(&v);
+        }
+        return;
+    }
     match kernels::isa() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `isa()` reports AVX-512F only when the CPU has it.

@@ -209,3 +209,104 @@ fn small_rows_same_tokens_alone_first_last_and_any_thread_count() {
 fn qwen_sized_padded_rows_same_tokens_alone_first_last_and_any_thread_count() {
     check(151_665, 151_936, &[0, 123_456]);
 }
+
+/// Each path of the sampler on one 151,936-entry row (a split across threads is used when the
+/// pool has idle threads): bitwise the same output and distribution on 1, 2 and 3 threads.
+#[test]
+fn every_path_is_thread_count_invariant_on_a_long_row() {
+    let vocab = 151_936;
+    let mut row = normal_row(77, vocab, 3.0);
+    for (i, id) in [5usize, 40_000, 99_999, 151_935].into_iter().enumerate() {
+        row[id] = 14.0 + i as f32;
+    }
+    row[120_000] = f32::NEG_INFINITY;
+    let output: Vec<u32> = (0..256).map(|i| (i * 593) % vocab as u32).collect();
+    let base = SamplingParams {
+        seed: Some(9),
+        n: 3,
+        logprobs: Some(5),
+        ..Default::default()
+    };
+    let cases = [
+        SamplingParams {
+            seed: Some(9),
+            ..SamplingParams::greedy()
+        },
+        SamplingParams {
+            top_k: 50,
+            ..base.clone()
+        },
+        SamplingParams {
+            top_p: 0.9,
+            ..base.clone()
+        },
+        SamplingParams {
+            temperature: 0.7,
+            top_p: 0.5,
+            ..base.clone()
+        },
+        SamplingParams {
+            min_p: 0.05,
+            ..base.clone()
+        },
+        SamplingParams {
+            temperature: 1.3,
+            ..base.clone()
+        },
+        SamplingParams {
+            temperature: 0.8,
+            top_k: 50,
+            top_p: 0.9,
+            repetition_penalty: 1.1,
+            frequency_penalty: 0.3,
+            logit_bias: [(7, 30.0)].into_iter().collect(),
+            logprobs_kind: LogprobsKind::Raw,
+            ..base.clone()
+        },
+        SamplingParams {
+            repetition_penalty: 1.1,
+            top_p: 0.8,
+            ..base.clone()
+        },
+    ];
+    for params in &cases {
+        let req = SampleRequest::new(params, &[], &output, 300);
+        let one = pool(1).install(|| {
+            (
+                sample_row(&row, &req).unwrap(),
+                distribution(&row, &req).unwrap(),
+            )
+        });
+        for threads in [2, 3] {
+            let got = pool(threads).install(|| {
+                (
+                    sample_row(&row, &req).unwrap(),
+                    distribution(&row, &req).unwrap(),
+                )
+            });
+            assert!(
+                same(&got.0, &one.0),
+                "{threads} threads, {params:?}: {:?} vs {:?}",
+                got.0,
+                one.0
+            );
+            assert!(
+                got.1
+                    .iter()
+                    .zip(&one.1)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{threads} threads, {params:?}: distributions differ"
+            );
+            // A batch of one on that pool (split) equals the same row in a batch of 3 (not split).
+            let data: Vec<f32> = row.iter().chain(&row).chain(&row).copied().collect();
+            let view = LogitsView::dense(&data, 3, vocab).unwrap();
+            let batch = pool(threads).install(|| sample_batch(&view, &[req, req, req]).unwrap());
+            for r in &batch {
+                assert!(
+                    same(r.as_ref().unwrap(), &one.0),
+                    "{threads} threads, batch of 3, {params:?}"
+                );
+            }
+        }
+    }
+}
