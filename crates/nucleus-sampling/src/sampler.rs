@@ -42,6 +42,13 @@ pub(crate) const CHUNK: usize = 8192;
 /// the results are the same bits as unsplit.
 const SPLIT_MIN: usize = 4 * CHUNK;
 
+/// The length of the pieces a split row is cut into: one per thread of the current pool, a
+/// whole number of [`CHUNK`]s (so every chunk-structured sum is the same).
+fn piece(len: usize) -> usize {
+    let chunks = len.div_ceil(CHUNK).max(1);
+    chunks.div_ceil(rayon::current_num_threads().max(1)) * CHUNK
+}
+
 /// A survivor list shorter than `vocab / LIST_FRACTION` is sorted by id; a longer one is
 /// found again by one boundary pass over the row.
 const LIST_FRACTION: usize = 16;
@@ -926,8 +933,8 @@ fn argmax(
     block_max.resize(logits.len().div_ceil(kernels::BLOCK), f32::NEG_INFINITY);
     let bad = if split {
         logits
-            .par_chunks(CHUNK)
-            .zip(block_max.par_chunks_mut(CHUNK / kernels::BLOCK))
+            .par_chunks(piece(logits.len()))
+            .zip(block_max.par_chunks_mut(piece(logits.len()) / kernels::BLOCK))
             .map(|(part, out)| kernels::block_max_bad(part, out))
             .reduce(|| false, |a, b| a | b)
     } else {
@@ -958,11 +965,15 @@ fn argmax(
 /// (folded in chunk order: the same bits).
 fn row_max_sum_exp(logits: &[f32], t: f32, split: bool) -> kernels::MaxSumExp {
     if split {
-        let parts: Vec<kernels::MaxSumExp> = logits
-            .par_chunks(CHUNK)
-            .map(|part| kernels::max_sum_exp(part, t))
+        let parts: Vec<Vec<kernels::MaxSumExp>> = logits
+            .par_chunks(piece(logits.len()))
+            .map(|part| {
+                part.chunks(CHUNK)
+                    .map(|chunk| kernels::max_sum_exp(chunk, t))
+                    .collect()
+            })
             .collect();
-        kernels::max_sum_exp_fold(parts.into_iter(), t)
+        kernels::max_sum_exp_fold(parts.into_iter().flatten(), t)
     } else {
         kernels::max_sum_exp(logits, t)
     }
@@ -973,8 +984,8 @@ fn row_max_sum_exp(logits: &[f32], t: f32, split: bool) -> kernels::MaxSumExp {
 fn row_exp_pass(logits: &[f32], max: f32, t: f32, out: &mut [f32], split: bool) -> bool {
     if split {
         logits
-            .par_chunks(CHUNK)
-            .zip(out.par_chunks_mut(CHUNK))
+            .par_chunks(piece(logits.len()))
+            .zip(out.par_chunks_mut(piece(logits.len())))
             .map(|(part, o)| kernels::exp_pass(part, max, t, o).overflow)
             .reduce(|| false, |a, b| a | b)
     } else {
@@ -1006,27 +1017,37 @@ fn scan_top(
     split: bool,
 ) -> bool {
     if split {
-        // Each chunk's best `keep`, then the best `keep` of those (a buffer per chunk: the
-        // split path allocates).
-        let parts: Vec<(Vec<Cand>, bool)> = logits
-            .par_chunks(CHUNK)
+        // The first chunk alone; its `keep`-th best value is a lower bound of the row's (an
+        // element of a later chunk, so of a higher id, must beat it strictly), which lets every
+        // other chunk, in parallel, skip nearly everything. Then the best `keep` of all the
+        // chunks' candidates: a set that does not depend on the split (a buffer per chunk:
+        // the split path allocates).
+        let first = logits.len().min(CHUNK);
+        out.clear();
+        let mut bad = scan_top(&logits[..first], floor, keep, exclude, out, false);
+        let start = match out.iter().max_by_key(|c| rank_key(c)) {
+            Some(worst) if out.len() == keep => worst.logit,
+            _ => floor,
+        };
+        let size = piece(logits.len() - first);
+        let parts: Vec<(Vec<Cand>, bool)> = logits[first..]
+            .par_chunks(size)
             .enumerate()
             .map(|(c, part)| {
+                let offset = first + c * size;
                 let exclude = if exclude.is_empty() {
                     exclude
                 } else {
-                    &exclude[c * CHUNK / 64..]
+                    &exclude[offset / 64..]
                 };
-                let mut v = Vec::with_capacity(2 * keep);
-                let bad = scan_top(part, floor, keep, exclude, &mut v, false);
+                let mut v = Vec::new();
+                let bad = scan_top(part, start, keep, exclude, &mut v, false);
                 for cand in &mut v {
-                    cand.id += (c * CHUNK) as u32;
+                    cand.id += offset as u32;
                 }
                 (v, bad)
             })
             .collect();
-        out.clear();
-        let mut bad = false;
         for (v, b) in parts {
             out.extend_from_slice(&v);
             bad |= b;
@@ -1051,14 +1072,15 @@ fn scan_top(
 /// vectorised pass of compares.
 fn collect(logits: &[f32], floor: f32, cut: f32, out: &mut Vec<Cand>, split: bool) {
     if split {
+        let size = piece(logits.len());
         let parts: Vec<Vec<Cand>> = logits
-            .par_chunks(CHUNK)
+            .par_chunks(size)
             .enumerate()
             .map(|(c, part)| {
                 let mut v = Vec::new();
                 collect(part, floor, cut, &mut v, false);
                 for cand in &mut v {
-                    cand.id += (c * CHUNK) as u32;
+                    cand.id += (c * size) as u32;
                 }
                 v
             })
