@@ -15,10 +15,6 @@ use crate::sampler::CHUNK;
 /// (4 AVX-512 or 8 AVX2 registers).
 const LANES: usize = 64;
 
-/// Elements per block of [`block_scan`]: a block whose maximum cannot enter the candidate set
-/// is skipped after one vectorised max.
-pub(crate) const BLOCK: usize = 512;
-
 /// `a > b ? a : b` (one max instruction per lane; ignores a NaN `a`).
 #[inline(always)]
 fn gt_max(a: f32, b: f32) -> f32 {
@@ -42,7 +38,6 @@ pub(crate) fn is_bad(x: f32) -> bool {
 /// The kernels compiled for one instruction set.
 struct Kernels {
     max_bad: fn(&[f32]) -> (f32, bool),
-    block_max_bad: fn(&[f32], &mut [f32]) -> bool,
     exp_pass: fn(&[f32], f32, f32, &mut [f32]) -> ExpSums,
     max_sum_exp: fn(&[f32], f32) -> MaxSumExp,
 }
@@ -85,7 +80,6 @@ fn kernels() -> &'static Kernels {
                 return Kernels {
                     // SAFETY (both): only chosen when the CPU has AVX-512F (checked above).
                     max_bad: |row| unsafe { x86::max_bad_avx512(row) },
-                    block_max_bad: |row, out| unsafe { x86::block_max_bad_avx512(row, out) },
                     exp_pass: |row, max, t, out| unsafe { x86::exp_pass_avx512(row, max, t, out) },
                     max_sum_exp: |row, t| unsafe { x86::max_sum_exp_avx512(row, t) },
                 };
@@ -96,7 +90,6 @@ fn kernels() -> &'static Kernels {
                 return Kernels {
                     // SAFETY (both): only chosen when the CPU has AVX2 (checked above).
                     max_bad: |row| unsafe { x86::max_bad_avx2(row) },
-                    block_max_bad: |row, out| unsafe { x86::block_max_bad_avx2(row, out) },
                     exp_pass: |row, max, t, out| unsafe { x86::exp_pass_avx2(row, max, t, out) },
                     max_sum_exp: |row, t| unsafe { x86::max_sum_exp_avx2(row, t) },
                 };
@@ -104,7 +97,6 @@ fn kernels() -> &'static Kernels {
         }
         Kernels {
             max_bad: max_bad_body,
-            block_max_bad: block_max_bad_body,
             exp_pass: exp_pass_body,
             max_sum_exp: max_sum_exp_body,
         }
@@ -241,16 +233,6 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn block_max_bad_avx512(row: &[f32], out: &mut [f32]) -> bool {
-        super::block_max_bad_body(row, out)
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn block_max_bad_avx2(row: &[f32], out: &mut [f32]) -> bool {
-        super::block_max_bad_body(row, out)
-    }
-
-    #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn exp_pass_avx512(
         row: &[f32],
         max: f32,
@@ -271,24 +253,6 @@ mod x86 {
 #[inline]
 pub(crate) fn max_bad(values: &[f32]) -> (f32, bool) {
     (kernels().max_bad)(values)
-}
-
-/// The maximum of each [`BLOCK`]-element block of `values` into `out` (`values.len()` divided
-/// by [`BLOCK`], rounded up, entries); whether any value is NaN or `+inf`.
-#[inline]
-pub(crate) fn block_max_bad(values: &[f32], out: &mut [f32]) -> bool {
-    (kernels().block_max_bad)(values, out)
-}
-
-#[inline(always)]
-fn block_max_bad_body(values: &[f32], out: &mut [f32]) -> bool {
-    let mut any_bad = false;
-    for (block, o) in values.chunks(BLOCK).zip(out) {
-        let (m, bad) = max_bad_body(block);
-        *o = m;
-        any_bad |= bad;
-    }
-    any_bad
 }
 
 #[inline(always)]

@@ -546,12 +546,12 @@ struct Scratch {
     counts: Vec<u32>,
     /// Bitset marking ids while the sparse modification list is built; all zero between rows.
     mark: Vec<u64>,
-    /// Maxima of the row's blocks of [`kernels::BLOCK`] values.
-    block_max: Vec<f32>,
-    /// Sorted ids that steps 3-5 may change (sparse mode).
+    /// Ids that steps 3-5 may change (sparse mode), in first-seen order.
     mod_ids: Vec<u32>,
     /// Their values after steps 3-5.
     mod_vals: Vec<f32>,
+    /// Index in `mod_ids` of each listed id (other entries are stale).
+    slot_of: Vec<u32>,
 }
 
 thread_local! {
@@ -718,14 +718,6 @@ fn prepare_with(
             }
         }
         r.bad
-    } else if keep == 1 && !sparse {
-        argmax(
-            logits,
-            floor,
-            &mut scratch.block_max,
-            &mut scratch.cand,
-            split,
-        )
     } else if sparse {
         // The best `keep` unmodified ids (the modified ones are skipped), then the modified
         // ones with their new values: the best `keep` of both is exact.
@@ -917,50 +909,6 @@ fn finish(
     })
 }
 
-/// The maximum above `floor` (ties to the lowest id) as the only element of `out` (none when
-/// every value is at or below `floor`): one vectorised max pass over blocks of
-/// [`kernels::BLOCK`] values, then a search of the first block holding the maximum. Returns
-/// whether any value is NaN or +inf.
-fn argmax(
-    logits: &[f32],
-    floor: f32,
-    block_max: &mut Vec<f32>,
-    out: &mut Vec<Cand>,
-    split: bool,
-) -> bool {
-    out.clear();
-    block_max.clear();
-    block_max.resize(logits.len().div_ceil(kernels::BLOCK), f32::NEG_INFINITY);
-    let bad = if split {
-        logits
-            .par_chunks(piece(logits.len()))
-            .zip(block_max.par_chunks_mut(piece(logits.len()) / kernels::BLOCK))
-            .map(|(part, out)| kernels::block_max_bad(part, out))
-            .reduce(|| false, |a, b| a | b)
-    } else {
-        kernels::block_max_bad(logits, block_max)
-    };
-    let mut best = (floor, usize::MAX);
-    for (b, &m) in block_max.iter().enumerate() {
-        if m > best.0 {
-            best = (m, b);
-        }
-    }
-    let (max, b) = best;
-    if b != usize::MAX {
-        let base = b * kernels::BLOCK;
-        let block = &logits[base..(base + kernels::BLOCK).min(logits.len())];
-        if let Some(j) = block.iter().position(|&l| l == max) {
-            out.push(Cand {
-                logit: max,
-                id: (base + j) as u32,
-                w: 0.0,
-            });
-        }
-    }
-    bad
-}
-
 /// [`kernels::max_sum_exp`] over the row, chunk by chunk across the pool when `split`
 /// (folded in chunk order: the same bits).
 fn row_max_sum_exp(logits: &[f32], t: f32, split: bool) -> kernels::MaxSumExp {
@@ -1146,12 +1094,12 @@ const SSE2: u8 = 0;
 const AVX2: u8 = 1;
 const AVX512: u8 = 2;
 
-/// Bit masks of one run: bit `j` of the first is `pass(run[j], t)` (`x > t`, or `x >= t` when
-/// `INCLUSIVE`), of the second "`run[j]` is NaN or +inf". `ISA` picks the instructions; a level
-/// above SSE2 is only instantiated inside functions compiled with that level enabled (the
-/// target_feature wrappers of [`x86`]).
+/// The bit mask of one run: bit `j` is set when `run[j] > t` (`>= t` when `INCLUSIVE`) or
+/// `run[j]` is NaN (unordered compares: one instruction per vector). `ISA` picks the
+/// instructions; a level above SSE2 is only instantiated inside functions compiled with that
+/// level enabled (the target_feature wrappers of [`x86`]).
 #[inline(always)]
-fn run_masks<const ISA: u8, const INCLUSIVE: bool>(run: &[f32], t: f32) -> (u32, u32) {
+fn run_mask<const ISA: u8, const INCLUSIVE: bool>(run: &[f32], t: f32) -> u32 {
     debug_assert_eq!(run.len(), RUN);
     #[cfg(target_arch = "x86_64")]
     {
@@ -1160,67 +1108,60 @@ fn run_masks<const ISA: u8, const INCLUSIVE: bool>(run: &[f32], t: f32) -> (u32,
         // where the caller was compiled with them (see above); SSE2 is part of x86-64.
         unsafe {
             let p = run.as_ptr();
-            let (mut pass, mut bad) = (0u32, 0u32);
+            let mut mask = 0u32;
             if ISA == AVX512 {
                 let tv = _mm512_set1_ps(t);
-                let big = _mm512_set1_ps(f32::MAX);
                 for q in 0..RUN / 16 {
                     let x = _mm512_loadu_ps(p.add(16 * q));
                     let m = if INCLUSIVE {
-                        _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, tv)
+                        _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, tv)
                     } else {
-                        _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, tv)
+                        _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(x, tv)
                     };
-                    pass |= u32::from(m) << (16 * q);
-                    let b = _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(x, big);
-                    bad |= u32::from(b) << (16 * q);
+                    mask |= u32::from(m) << (16 * q);
                 }
             } else if ISA == AVX2 {
                 let tv = _mm256_set1_ps(t);
-                let big = _mm256_set1_ps(f32::MAX);
                 for q in 0..RUN / 8 {
                     let x = _mm256_loadu_ps(p.add(8 * q));
                     let m = if INCLUSIVE {
-                        _mm256_cmp_ps::<_CMP_GE_OQ>(x, tv)
+                        _mm256_cmp_ps::<_CMP_NLT_UQ>(x, tv)
                     } else {
-                        _mm256_cmp_ps::<_CMP_GT_OQ>(x, tv)
+                        _mm256_cmp_ps::<_CMP_NLE_UQ>(x, tv)
                     };
-                    pass |= (_mm256_movemask_ps(m) as u32) << (8 * q);
-                    let b = _mm256_cmp_ps::<_CMP_NLE_UQ>(x, big);
-                    bad |= (_mm256_movemask_ps(b) as u32) << (8 * q);
+                    mask |= (_mm256_movemask_ps(m) as u32) << (8 * q);
                 }
             } else {
                 let tv = _mm_set1_ps(t);
-                let big = _mm_set1_ps(f32::MAX);
                 for q in 0..RUN / 4 {
                     let x = _mm_loadu_ps(p.add(4 * q));
                     let m = if INCLUSIVE {
-                        _mm_cmpge_ps(x, tv)
+                        _mm_cmpnlt_ps(x, tv)
                     } else {
-                        _mm_cmpgt_ps(x, tv)
+                        _mm_cmpnle_ps(x, tv)
                     };
-                    pass |= (_mm_movemask_ps(m) as u32) << (4 * q);
-                    bad |= (_mm_movemask_ps(_mm_cmpnle_ps(x, big)) as u32) << (4 * q);
+                    mask |= (_mm_movemask_ps(m) as u32) << (4 * q);
                 }
             }
-            (pass, bad)
+            mask
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let (mut pass, mut bad) = (0u32, 0u32);
+        let mut mask = 0u32;
         for (j, &x) in run.iter().enumerate() {
-            let p = if INCLUSIVE { x >= t } else { x > t };
-            pass |= u32::from(p) << j;
-            bad |= u32::from(kernels::is_bad(x)) << j;
+            let p = if INCLUSIVE { !(x < t) } else { !(x <= t) };
+            mask |= u32::from(p) << j;
         }
-        (pass, bad)
+        mask
     }
 }
 
 /// Calls `visit(i, values[i], threshold)` for the values above the threshold (at or above
 /// when `INCLUSIVE`), in index order, reading the threshold again after each visit; returns
-/// whether any value is NaN or +inf. Runs whose mask is empty cost one vector compare each.
+/// whether any value is NaN or +inf (those are never visited). Runs whose mask is empty cost
+/// one vector compare each: NaN sets a mask bit, and +inf beats every threshold the callers
+/// use (finite or -inf), so both are seen.
 #[inline(always)]
 fn scan_runs<const ISA: u8, const INCLUSIVE: bool>(
     values: &[f32],
@@ -1228,26 +1169,29 @@ fn scan_runs<const ISA: u8, const INCLUSIVE: bool>(
     mut visit: impl FnMut(usize, f32, &mut f32),
 ) -> bool {
     let pass = |x: f32, t: f32| if INCLUSIVE { x >= t } else { x > t };
-    let mut bad = 0u32;
+    let mut bad = false;
     let whole = values.len() / RUN * RUN;
     for (r, run) in values[..whole].chunks_exact(RUN).enumerate() {
-        let (mut mask, bad_mask) = run_masks::<ISA, INCLUSIVE>(run, *threshold);
-        bad |= bad_mask;
+        let mut mask = run_mask::<ISA, INCLUSIVE>(run, *threshold);
         while mask != 0 {
             let j = mask.trailing_zeros() as usize;
             mask &= mask - 1;
-            if pass(run[j], *threshold) {
-                visit(r * RUN + j, run[j], threshold);
+            let x = run[j];
+            if kernels::is_bad(x) {
+                bad = true;
+            } else if pass(x, *threshold) {
+                visit(r * RUN + j, x, threshold);
             }
         }
     }
     for (j, &x) in values[whole..].iter().enumerate() {
-        bad |= u32::from(kernels::is_bad(x));
-        if pass(x, *threshold) {
+        if kernels::is_bad(x) {
+            bad = true;
+        } else if pass(x, *threshold) {
             visit(whole + j, x, threshold);
         }
     }
-    bad != 0
+    bad
 }
 
 /// [`scan_top`]: a buffer of candidates above a rising threshold. An element enters only if
@@ -1325,7 +1269,7 @@ fn logit_cut(max: f32, level: f64, t64: f64) -> f32 {
     }
 }
 
-/// Steps 3-5 as a sparse list: the ids they may change (sorted, in `scratch.mod_ids`) and
+/// Steps 3-5 as a sparse list: the ids they may change (in `scratch.mod_ids`) and
 /// their changed values (`scratch.mod_vals`), computed exactly as on a copy of the row.
 /// Returns `None`, with nothing listed, when more than `row.len() / LIST_FRACTION` ids may
 /// change (the copy is then cheaper). Not for `allowed_token_ids`, which changes every id.
@@ -1361,7 +1305,10 @@ fn sparse_modifications(
     if scratch.mark.len() < words {
         scratch.mark.resize(words, 0);
     }
-    let mark = &mut scratch.mark;
+    if scratch.slot_of.len() < row.len() {
+        scratch.slot_of.resize(row.len(), 0);
+    }
+    let (mark, slot_of) = (&mut scratch.mark, &mut scratch.slot_of);
     let mut too_many = false;
     for &id in bad_words
         .chain(stops)
@@ -1372,6 +1319,7 @@ fn sparse_modifications(
         let (word, bit) = (id as usize / 64, 1u64 << (id % 64));
         if mark[word] & bit == 0 {
             mark[word] |= bit;
+            slot_of[id as usize] = ids.len() as u32;
             ids.push(id);
             if ids.len() > limit {
                 too_many = true;
@@ -1386,13 +1334,12 @@ fn sparse_modifications(
         ids.clear();
         return Ok(None);
     }
-    ids.sort_unstable();
     scratch.mod_vals.clear();
     scratch
         .mod_vals
         .extend(ids.iter().map(|&id| row[id as usize]));
     let mut slots = Sparse {
-        ids: &scratch.mod_ids,
+        slot_of: &scratch.slot_of,
         vals: &mut scratch.mod_vals,
     };
     modify(
@@ -1439,7 +1386,8 @@ impl Slots for Dense<'_> {
 }
 
 struct Sparse<'a> {
-    ids: &'a [u32],
+    /// Index in `vals` of each listed id (entries of other ids are stale).
+    slot_of: &'a [u32],
     vals: &'a mut [f32],
 }
 
@@ -1447,11 +1395,7 @@ impl Slots for Sparse<'_> {
     #[inline]
     fn slot(&mut self, id: u32) -> &mut f32 {
         // Every id steps 3-5 touch was listed by `sparse_modifications`.
-        let j = self
-            .ids
-            .binary_search(&id)
-            .unwrap_or_else(|j| j.min(self.ids.len() - 1));
-        &mut self.vals[j]
+        &mut self.vals[self.slot_of[id as usize] as usize]
     }
 }
 
