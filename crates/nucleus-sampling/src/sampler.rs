@@ -546,6 +546,8 @@ struct Scratch {
     counts: Vec<u32>,
     /// Bitset marking ids while the sparse modification list is built; all zero between rows.
     mark: Vec<u64>,
+    /// Candidate logits and weights, gathered for the vectorised exp.
+    cand_w: Vec<f32>,
     /// Ids that steps 3-5 may change (sparse mode), in first-seen order.
     mod_ids: Vec<u32>,
     /// Their values after steps 3-5.
@@ -788,9 +790,7 @@ fn prepare_with(
         if min_p_on {
             cand.retain(|c| passes_min_p(c.logit));
         }
-        for c in cand.iter_mut() {
-            c.w = weight(c.logit);
-        }
+        set_weights(cand, &mut scratch.cand_w, max, t, probs, &weight);
     } else if min_p_on {
         cand.clear();
         // A logit cut at or below the min-p threshold, then the exact test.
@@ -801,9 +801,7 @@ fn prepare_with(
         };
         collect(logits, floor, cut, cand, split);
         cand.retain(|c| passes_min_p(c.logit));
-        for c in cand.iter_mut() {
-            c.w = weight(c.logit);
-        }
+        set_weights(cand, &mut scratch.cand_w, max, t, probs, &weight);
     } else if !p_on {
         // Plain sampling at temperature T: every token.
         let w = dense_weights(&mut scratch.weights, vocab);
@@ -853,9 +851,7 @@ fn prepare_with(
             logit_cut(max, f64::from(level), t64)
         };
         collect(logits, floor, cut, cand, split);
-        for c in cand.iter_mut() {
-            c.w = weight(c.logit);
-        }
+        set_weights(cand, &mut scratch.cand_w, max, t, probs, &weight);
         let kept = top_p_prefix(cand, params.top_p * z);
         return finish(logits, kept, scratch, weights_ready, weight);
     }
@@ -907,6 +903,33 @@ fn finish(
     Ok(Prepared {
         support: Support::Dense,
     })
+}
+
+/// Sets each candidate's weight to `weight(logit)`: for logits by the vectorised
+/// [`kernels::exp_pass`] over the gathered logits (the same formula, the same bits), unless
+/// `l - max` may overflow; probabilities are their own weights.
+fn set_weights(
+    cand: &mut [Cand],
+    buf: &mut Vec<f32>,
+    max: f32,
+    t: f32,
+    probs: bool,
+    weight: &impl Fn(f32) -> f32,
+) {
+    if probs || cand.len() < 16 || max > 1e30 {
+        for c in cand.iter_mut() {
+            c.w = weight(c.logit);
+        }
+        return;
+    }
+    buf.clear();
+    buf.extend(cand.iter().map(|c| c.logit));
+    buf.resize(2 * cand.len(), 0.0);
+    let (logits, w) = buf.split_at_mut(cand.len());
+    kernels::exp_pass(logits, max, t, w);
+    for (c, &wi) in cand.iter_mut().zip(w.iter()) {
+        c.w = wi;
+    }
 }
 
 /// [`kernels::max_sum_exp`] over the row, chunk by chunk across the pool when `split`
