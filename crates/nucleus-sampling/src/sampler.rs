@@ -23,7 +23,7 @@
 //! a positive temperature keeps the order, and the logits keep distinctions that f32 rounding
 //! of `(l - max) / T` could erase.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::cmp::Ordering;
 
 use rayon::prelude::*;
@@ -522,13 +522,31 @@ fn better(a: &Cand, b: &Cand) -> Ordering {
 /// the id. Cheaper to compare than two fields.
 #[inline(always)]
 fn rank_key(c: &Cand) -> u64 {
-    let b = c.logit.to_bits();
+    rank_key_of(c.logit, c.id)
+}
+
+/// [`rank_key`] of a logit and an id.
+#[inline(always)]
+fn rank_key_of(logit: f32, id: u32) -> u64 {
+    let b = logit.to_bits();
     let ascending = if b & 0x8000_0000 != 0 {
         !b
     } else {
         b | 0x8000_0000
     };
-    (u64::from(!ascending) << 32) | u64::from(c.id)
+    (u64::from(!ascending) << 32) | u64::from(id)
+}
+
+/// The logit of a [`rank_key`].
+#[inline(always)]
+fn key_logit(key: u64) -> f32 {
+    let ascending = !((key >> 32) as u32);
+    let b = if ascending & 0x8000_0000 != 0 {
+        ascending & 0x7fff_ffff
+    } else {
+        !ascending
+    };
+    f32::from_bits(b)
 }
 
 /// Per-thread buffers, reused across rows so the hot path does not allocate once warm.
@@ -1232,24 +1250,37 @@ fn scan_top_body<const ISA: u8>(
     out.clear();
     let cap = 2 * keep;
     let mut threshold = floor;
+    // The buffer holds rank keys (u64: cheaper to select on than candidates).
+    let mut keys = KEYS.with(Cell::take);
+    keys.clear();
     let bad = scan_runs::<ISA, false>(logits, &mut threshold, |i, l, threshold| {
         if !exclude.is_empty() && exclude[i / 64] & (1 << (i % 64)) != 0 {
             return;
         }
-        out.push(Cand {
-            logit: l,
-            id: i as u32,
-            w: 0.0,
-        });
-        if out.len() >= cap {
-            compact(out, keep);
-            *threshold = out[keep - 1].logit;
+        keys.push(rank_key_of(l, i as u32));
+        if keys.len() >= cap {
+            keys.select_nth_unstable(keep - 1);
+            keys.truncate(keep);
+            *threshold = key_logit(keys[keep - 1]);
         }
     });
-    if out.len() > keep {
-        compact(out, keep);
+    if keys.len() > keep {
+        keys.select_nth_unstable(keep - 1);
+        keys.truncate(keep);
     }
+    out.extend(keys.iter().map(|&k| Cand {
+        logit: key_logit(k),
+        id: k as u32,
+        w: 0.0,
+    }));
+    KEYS.with(|k| k.set(keys));
     bad
+}
+
+thread_local! {
+    /// [`scan_top`]'s buffer of rank keys, reused across rows (taken out while in use, so the
+    /// hot loop holds no borrow and no closure: closures do not inherit target features).
+    static KEYS: Cell<Vec<u64>> = const { Cell::new(Vec::new()) };
 }
 
 #[inline(always)]
@@ -1777,4 +1808,43 @@ pub(crate) fn select_dense(w: &[f32], u: f64) -> (u32, f32, f64, usize) {
     }
     let last = w.iter().rposition(|&x| x > 0.0).unwrap_or(0);
     (last as u32, w[last], z, nonzero)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rank_keys_order_like_better_and_give_the_logit_back() {
+        let values = [
+            f32::MAX,
+            3.5,
+            1.0,
+            1e-30,
+            0.0,
+            -0.0,
+            -1e-30,
+            -2.25,
+            -f32::MAX,
+            f32::INFINITY,
+        ];
+        let mut cands = Vec::new();
+        for (i, &v) in values.iter().enumerate() {
+            for id in [0u32, 7, u32::MAX - i as u32] {
+                cands.push(Cand {
+                    logit: v,
+                    id,
+                    w: 0.0,
+                });
+            }
+        }
+        for a in &cands {
+            let k = rank_key(a);
+            assert_eq!(key_logit(k).to_bits(), a.logit.to_bits());
+            assert_eq!(k as u32, a.id);
+            for b in &cands {
+                assert_eq!(rank_key(a).cmp(&rank_key(b)), better(a, b), "{a:?} {b:?}");
+            }
+        }
+    }
 }
