@@ -3,5 +3,8 @@
 //!
 //! - [`bench`](mod@bench): the speed measurements of `nucleus bench` (workload generators,
 //!   baselines, floors, timing), also driven by `benches/sampling.rs`.
+//! - [`sample`](mod@sample): `nucleus sample`, sampling real logits given as JSON lines or a
+//!   safetensors tensor, one JSON answer per row.
 
 pub mod bench;
+pub mod sample;

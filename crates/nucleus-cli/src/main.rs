@@ -1,7 +1,9 @@
 //! `nucleus`: the command-line tool of the nucleus workspace.
 //!
 //! `nucleus generate` runs a GGUF Llama model and chooses every token with nucleus-sampling;
-//! `nucleus bench sampling` measures the sampler against baselines (`nucleus_cli::bench`).
+//! `nucleus sample` samples logits given as JSON lines or a safetensors tensor
+//! (`nucleus_cli::sample`); `nucleus bench sampling` measures the sampler against baselines
+//! (`nucleus_cli::bench`).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -27,6 +29,8 @@ struct Cli {
 enum Command {
     /// Generate text with a GGUF Llama model, every token chosen by nucleus-sampling.
     Generate(GenerateArgs),
+    /// Sample real logits: JSON lines in (a file or stdin), one JSON answer per row out.
+    Sample(SampleArgs),
     /// Measure speed against named baselines on generated data.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -53,6 +57,24 @@ struct BenchSamplingArgs {
     /// Timed runs per measurement (default: at least 7, more within 0.25 s each); µs are medians.
     #[arg(long)]
     iters: Option<usize>,
+}
+
+#[derive(Args, Debug)]
+struct SampleArgs {
+    /// JSON lines to sample, one row each (default: stdin).
+    #[arg(long, conflicts_with = "logits")]
+    input: Option<PathBuf>,
+    /// A safetensors file with a [batch, vocab] tensor named `logits` (f32, f16 or bf16),
+    /// instead of JSON lines.
+    #[arg(long)]
+    logits: Option<PathBuf>,
+    /// With --logits: a JSON file with one params object for every row, or a list of one per
+    /// row (default: temperature 1, everything else off).
+    #[arg(long, requires = "logits")]
+    params: Option<PathBuf>,
+    /// Add "dist", the full final distribution, to every answer.
+    #[arg(long)]
+    dist: bool,
 }
 
 #[derive(Args, Debug)]
@@ -101,6 +123,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(args) => generate(args),
+        Command::Sample(args) => sample(args),
         Command::Bench(BenchCommand::Sampling(args)) => bench_sampling(args),
     };
     match result {
@@ -229,6 +252,37 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// Runs `nucleus sample`. Exit status 0 when every row got an answer (a row's error is an
+/// answer); 2 for an unreadable or unusable input file.
+fn sample(args: SampleArgs) -> Result<ExitCode> {
+    use nucleus_cli::sample::{run_jsonl, run_safetensors, Options, RunError};
+    let options = Options { dist: args.dist };
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
+    let result = match (&args.logits, &args.input) {
+        (Some(logits), _) => run_safetensors(logits, args.params.as_deref(), &mut out, &options),
+        (None, Some(path)) => match std::fs::File::open(path) {
+            Ok(file) => run_jsonl(Box::new(file), &mut out, &options),
+            Err(e) => Err(RunError::Input(format!(
+                "cannot open {}: {e}",
+                path.display()
+            ))),
+        },
+        (None, None) => run_jsonl(Box::new(std::io::stdin()), &mut out, &options),
+    };
+    match result {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(RunError::Input(message)) => {
+            // Answers already written stay valid; make sure they are out before the error.
+            out.flush()?;
+            eprintln!("error: {message}");
+            Ok(ExitCode::from(2))
+        }
+        // BrokenPipe ends quietly in main, as for `generate`.
+        Err(RunError::Output(e)) => Err(e.into()),
+    }
 }
 
 /// Runs `nucleus bench sampling`: the table goes to stdout.

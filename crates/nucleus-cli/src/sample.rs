@@ -1,0 +1,399 @@
+//! `nucleus sample`: nucleus-sampling on real logits from a file or a pipe, one JSON answer per
+//! row.
+//!
+//! # Input
+//!
+//! JSON lines (a file, or stdin), one row each:
+//!
+//! ```json
+//! {"logits": [1.5, "-inf", 0.2], "params": {"temperature": 0.7, "top_p": 0.9, "seed": 42},
+//!  "prompt_ids": [2], "output_ids": [0], "position": 2, "eos_token_ids": [1],
+//!  "stop_token_ids": [], "vocab_size": 3}
+//! ```
+//!
+//! - exactly one of `logits` and `probs` (non-negative weights, see
+//!   [`nucleus_sampling::InputKind::Probs`]); numbers may be the strings `"-inf"`, `"inf"`,
+//!   `"nan"`; values are rounded to f32.
+//! - at most one of `params` ([`input::ParamsInput`]: [`nucleus_sampling::SamplingParams`]
+//!   fields by name, all optional and off by default, temperature 1) and `chain` (a list of
+//!   [`nucleus_sampling::ProcessorConfig`], ending in `sample` or `greedy`); neither is the
+//!   default parameters. A chain is built per row, reset with `prompt_ids`, told each id of
+//!   `output_ids` (`accept`), then sampled; it takes logits only.
+//! - `prompt_ids`, `output_ids`: context for penalties and bad words (default empty).
+//! - `position`: default `prompt_ids.len() + output_ids.len()`, the index of the token being
+//!   chosen in the whole sequence (the Philox counter).
+//! - `eos_token_ids` and `stop_token_ids`: together they are
+//!   [`nucleus_sampling::SampleRequest::stop_token_ids`], banned while `output_ids` is shorter
+//!   than `min_tokens`.
+//! - `vocab_size`: default the row length; may be smaller (ids at or above it are padding and
+//!   never candidates); 0 or above the row length is an `invalid_row` error.
+//!
+//! Unknown fields are an error (`invalid_row`), so a misspelt parameter is never ignored.
+//! Empty lines (only whitespace) are skipped and get no answer.
+//!
+//! # Output
+//!
+//! One line per row, in input order ([`output::Answer`]):
+//!
+//! ```json
+//! {"tokens":[0],"logprobs":[-0.31],"logprobs_kind":"processed","top_logprobs":[[]],"num_candidates":2,"seed":42}
+//! ```
+//!
+//! or `{"error": {"kind": "...", "message": "..."}}` ([`output::RowError`]) for a row that
+//! failed; the other rows are answered all the same. `tokens` are the `n` samples (sample
+//! indices `0..n` of the row's Philox stream); `logprobs` their log-probabilities of the kind
+//! asked for (processed when `logprobs` was not asked); `top_logprobs` one list per sampled
+//! token (the same list `n` times, OpenAI's per-token shape; `[]` when not asked); `seed` the
+//! seed used, an exact u64; `dist` (with `--dist`) the final distribution over the whole row.
+//! `-inf` is written as the string `"-inf"`.
+//!
+//! # Safetensors
+//!
+//! [`run_safetensors`] reads a `[batch, vocab]` tensor named `logits` (f32, f16 or bf16),
+//! copies it into a vector of its element type (the file's bytes are not aligned for it) and
+//! samples it with one [`sample_batch`] call; rows have no context (position 0).
+//!
+//! # Throughput
+//!
+//! A reader thread reads lines while the rows already read are sampled: rows are taken in
+//! blocks of up to [`BLOCK`] lines (as many as have arrived, so an interactive pipe gets its
+//! answer at once), sampled in parallel on the rayon pool, written in input order, and stdout is
+//! flushed after each block.
+
+pub mod input;
+pub mod output;
+pub mod tensor;
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::path::Path;
+use std::sync::mpsc;
+
+use nucleus_sampling::{
+    distribution, distribution_from_probs, sample_batch, sample_row, sample_row_from_probs,
+    ChainError, LogitValue, LogitsView, ProcessorContext, SampleRequest, SamplerChain,
+    SamplingParams,
+};
+use rayon::prelude::*;
+
+use input::{Object, RowInput};
+use output::{Answer, RowError};
+use tensor::{LogitsData, ParamsFile};
+
+/// Most lines sampled together in one parallel block.
+pub const BLOCK: usize = 1024;
+
+/// Lines read ahead of the sampler: the bound of the reader thread's queue.
+const READ_AHEAD: usize = 2 * BLOCK;
+
+/// Options shared by every row.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Options {
+    /// Add `"dist"`, the full final distribution, to every answer.
+    pub dist: bool,
+}
+
+/// Why `nucleus sample` stopped before answering every row.
+#[derive(Debug)]
+pub enum RunError {
+    /// The input cannot be read or is unusable as a whole (a missing file, a tensor of the
+    /// wrong dtype or rank, a params list of the wrong length): exit status 2.
+    Input(String),
+    /// Writing the answers failed (a closed stdout is [`io::ErrorKind::BrokenPipe`]).
+    Output(io::Error),
+}
+
+impl From<io::Error> for RunError {
+    fn from(e: io::Error) -> Self {
+        RunError::Output(e)
+    }
+}
+
+/// Parses one line into a row: `invalid_json` when it is not JSON, `invalid_row` when it is
+/// JSON but not a row (wrong or unknown fields, wrong types).
+pub fn parse_row(line: &[u8]) -> Result<RowInput, RowError> {
+    // JSON is UTF-8; checked up front because skipping over a string (below) does not check it.
+    let line = std::str::from_utf8(line)
+        .map_err(|e| RowError::invalid_json(format!("not valid JSON: not UTF-8 ({e})")))?;
+    serde_json::from_str::<Object<RowInput>>(line)
+        .map(|Object(row)| row)
+        .map_err(|e| {
+            // serde_json stops at the first error, which may be a type error before a syntax
+            // error further on (or a syntax-like error in valid JSON, such as a logit_bias key
+            // that is not a number): the line is a bad row only if the whole of it is JSON.
+            match serde_json::from_str::<serde::de::IgnoredAny>(line) {
+                Ok(_) => RowError::invalid_row(e.to_string()),
+                Err(syntax) => RowError::invalid_json(format!("not valid JSON: {syntax}")),
+            }
+        })
+}
+
+/// Samples one row, and computes its distribution when `options.dist` is set.
+///
+/// # Errors
+/// `invalid_row` when the fields do not make a row (both or neither of `logits` and `probs`,
+/// both `params` and `chain`, a bad `vocab_size`, a chain with probabilities); otherwise the
+/// sampler's error for the row.
+pub fn answer_row(row: RowInput, options: &Options) -> Result<Answer, RowError> {
+    let (values, probs) = match (row.logits, row.probs) {
+        (Some(l), None) => (l.0, false),
+        (None, Some(p)) => (p.0, true),
+        (Some(_), Some(_)) => {
+            return Err(RowError::invalid_row(
+                "both `logits` and `probs` given: give one of them",
+            ))
+        }
+        (None, None) => {
+            return Err(RowError::invalid_row(
+                "neither `logits` nor `probs` given: give one of them",
+            ))
+        }
+    };
+    if values.is_empty() {
+        return Err(RowError::invalid_row(format!(
+            "the `{}` row is empty",
+            if probs { "probs" } else { "logits" }
+        )));
+    }
+    let vocab_size = row.vocab_size.unwrap_or(values.len());
+    if vocab_size == 0 || vocab_size > values.len() {
+        return Err(RowError::invalid_row(format!(
+            "vocab_size {vocab_size} must be in 1..={} (the row length)",
+            values.len()
+        )));
+    }
+    let candidates = &values[..vocab_size];
+    let prompt_ids = row.prompt_ids.unwrap_or_default();
+    let output_ids = row.output_ids.unwrap_or_default();
+    let position = row
+        .position
+        .unwrap_or((prompt_ids.len() + output_ids.len()) as u64);
+    let mut stop_ids = row.eos_token_ids.unwrap_or_default();
+    stop_ids.extend(row.stop_token_ids.unwrap_or_default());
+
+    let params = match (row.params, row.chain) {
+        (Some(_), Some(_)) => {
+            return Err(RowError::invalid_row(
+                "both `params` and `chain` given: give at most one of them",
+            ))
+        }
+        (None, Some(chain)) => {
+            if probs {
+                return Err(RowError::invalid_row(
+                    "a `chain` row takes `logits`, not `probs` (processors act on logits)",
+                ));
+            }
+            let mut chain = SamplerChain::from_config(&chain).map_err(chain_error)?;
+            // The penalties learn the sequence from reset and accept, not from the context.
+            chain.reset(&prompt_ids);
+            for &token in &output_ids {
+                chain.accept(token);
+            }
+            let ctx = ProcessorContext::new(&prompt_ids, &output_ids, position)
+                .with_stop_token_ids(&stop_ids);
+            let sampled = chain.sample(candidates, &ctx, 0)?;
+            let dist = match options.dist {
+                true => Some(chain.distribution(candidates, &ctx)?),
+                false => None,
+            };
+            return Ok(Answer::new(&sampled, dist.map(|d| pad(d, values.len()))));
+        }
+        (Some(Object(p)), None) => p.to_params(),
+        (None, None) => SamplingParams::default(),
+    };
+    let request = SampleRequest::new(&params, &prompt_ids, &output_ids, position)
+        .with_stop_token_ids(&stop_ids);
+    let (sampled, dist) = if probs {
+        let sampled = sample_row_from_probs(candidates, &request)?;
+        let dist = match options.dist {
+            true => Some(distribution_from_probs(candidates, &request)?),
+            false => None,
+        };
+        (sampled, dist)
+    } else {
+        let sampled = sample_row(candidates, &request)?;
+        let dist = match options.dist {
+            true => Some(distribution(candidates, &request)?),
+            false => None,
+        };
+        (sampled, dist)
+    };
+    Ok(Answer::new(&sampled, dist.map(|d| pad(d, values.len()))))
+}
+
+/// A chain that cannot be built: a parameter out of range is `invalid_params` (as on the
+/// `params` path); a chain without a final selection step is `invalid_row`.
+fn chain_error(e: ChainError) -> RowError {
+    let kind = match e {
+        ChainError::InvalidParams { .. } => "invalid_params",
+        ChainError::NoSelection | ChainError::SelectionNotLast { .. } => "invalid_row",
+    };
+    RowError {
+        kind,
+        message: e.to_string(),
+    }
+}
+
+/// A distribution over the candidate ids, extended with zeros to the whole row.
+fn pad(mut dist: Vec<f64>, row_len: usize) -> Vec<f64> {
+    dist.resize(row_len, 0.0);
+    dist
+}
+
+/// The answer line (without newline) for one input line.
+pub fn answer_line(line: &[u8], options: &Options) -> Vec<u8> {
+    output::line(&parse_row(line).and_then(|row| answer_row(row, options)))
+}
+
+/// Whether a line holds nothing but whitespace (such lines get no answer).
+fn is_blank(line: &[u8]) -> bool {
+    line.iter().all(u8::is_ascii_whitespace)
+}
+
+/// Answers every line of `input` (JSON lines) on `out`, in input order, one line per
+/// non-blank input line; see the module docs. Reading happens on a thread of its own, so
+/// sampling a block overlaps reading the next one; `out` is flushed after every block.
+///
+/// # Errors
+/// [`RunError::Input`] when reading fails (the lines before the failure are answered first);
+/// [`RunError::Output`] when writing fails.
+pub fn run_jsonl(
+    input: Box<dyn Read + Send>,
+    out: &mut dyn Write,
+    options: &Options,
+) -> Result<(), RunError> {
+    let (tx, rx) = mpsc::sync_channel::<io::Result<Vec<u8>>>(READ_AHEAD);
+    // Not joined: when stdout closes, the main thread returns while this one may still wait
+    // for input; the process exit ends it.
+    std::thread::spawn(move || {
+        let mut reader = BufReader::with_capacity(1 << 20, input);
+        loop {
+            let mut line = Vec::new();
+            match reader.read_until(b'\n', &mut line) {
+                Ok(0) => return,
+                Ok(_) if is_blank(&line) => continue,
+                Ok(_) => {
+                    // Without its line ending, so error positions read "line 1 column N".
+                    while line.last().is_some_and(|&b| b == b'\n' || b == b'\r') {
+                        line.pop();
+                    }
+                    if tx.send(Ok(line)).is_err() {
+                        return;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            }
+        }
+    });
+
+    let mut block: Vec<Vec<u8>> = Vec::with_capacity(BLOCK);
+    let mut failure = None;
+    while failure.is_none() {
+        // Wait for one line, then take whatever else has already arrived, up to BLOCK.
+        block.clear();
+        match rx.recv() {
+            Ok(Ok(line)) => block.push(line),
+            Ok(Err(e)) => failure = Some(e),
+            Err(mpsc::RecvError) => break,
+        }
+        while failure.is_none() && !block.is_empty() && block.len() < BLOCK {
+            match rx.try_recv() {
+                Ok(Ok(line)) => block.push(line),
+                Ok(Err(e)) => failure = Some(e),
+                Err(_) => break,
+            }
+        }
+        let answers: Vec<Vec<u8>> = block
+            .par_iter()
+            .map(|line| answer_line(line, options))
+            .collect();
+        for answer in &answers {
+            out.write_all(answer)?;
+            out.write_all(b"\n")?;
+        }
+        out.flush()?;
+    }
+    match failure {
+        Some(e) => Err(RunError::Input(format!("cannot read the input: {e}"))),
+        None => Ok(()),
+    }
+}
+
+/// Samples every row of the `logits` tensor of a safetensors file with [`sample_batch`] and
+/// writes one answer line per row.
+///
+/// Parameters come from `params` (one object for every row, or a list of one per row; default
+/// parameters without it). Rows have no context: empty prompt and output ids, position 0.
+///
+/// # Errors
+/// [`RunError::Input`] for an unreadable file, no tensor named `logits`, a tensor not of rank
+/// 2 or not f32 / f16 / bf16, an unreadable params file, or a params list whose length is not
+/// the batch; [`RunError::Output`] when writing fails.
+pub fn run_safetensors(
+    logits: &Path,
+    params: Option<&Path>,
+    out: &mut dyn Write,
+    options: &Options,
+) -> Result<(), RunError> {
+    let tensor = tensor::read_logits(logits).map_err(RunError::Input)?;
+    let params: Vec<SamplingParams> = match params.map(tensor::read_params).transpose() {
+        Err(e) => return Err(RunError::Input(e)),
+        Ok(None) => vec![SamplingParams::default(); tensor.batch],
+        Ok(Some(ParamsFile::One(p))) => vec![p.to_params(); tensor.batch],
+        Ok(Some(ParamsFile::PerRow(list))) => {
+            if list.len() != tensor.batch {
+                return Err(RunError::Input(format!(
+                    "--params holds {} objects for {} rows of logits: give one object, or one per row",
+                    list.len(),
+                    tensor.batch
+                )));
+            }
+            list.iter().map(|p| p.to_params()).collect()
+        }
+    };
+    let answers = match &tensor.data {
+        LogitsData::F32(data) => sample_tensor(data, tensor.batch, tensor.vocab, &params, options),
+        LogitsData::F16(data) => sample_tensor(data, tensor.batch, tensor.vocab, &params, options),
+        LogitsData::Bf16(data) => sample_tensor(data, tensor.batch, tensor.vocab, &params, options),
+    }
+    .map_err(|e| RunError::Input(format!("{}: {e}", logits.display())))?;
+    for answer in &answers {
+        out.write_all(&output::line(answer))?;
+        out.write_all(b"\n")?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// One answer per row of a dense `[batch, vocab]` matrix, rows in parallel.
+fn sample_tensor<T: LogitValue>(
+    data: &[T],
+    batch: usize,
+    vocab: usize,
+    params: &[SamplingParams],
+    options: &Options,
+) -> Result<Vec<Result<Answer, RowError>>, nucleus_sampling::ShapeError> {
+    let view = LogitsView::dense(data, batch, vocab)?;
+    let requests: Vec<SampleRequest<'_>> = params
+        .iter()
+        .map(|p| SampleRequest::new(p, &[], &[], 0))
+        .collect();
+    let results = sample_batch(&view, &requests)?;
+    Ok(results
+        .into_par_iter()
+        .enumerate()
+        .map(|(i, result)| {
+            let sampled = result?;
+            let dist = if options.dist {
+                let row: Vec<f32> = view.row(i).iter().map(|v| v.to_f32()).collect();
+                Some(distribution(&row, &requests[i])?)
+            } else {
+                None
+            };
+            Ok(Answer::new(&sampled, dist))
+        })
+        .collect())
+}

@@ -1,0 +1,186 @@
+//! What `nucleus sample` reads: one JSON row ([`RowInput`]) and parameter objects
+//! ([`ParamsInput`]), with numbers that may be spelled `"-inf"`, `"inf"` or `"nan"`.
+//!
+//! Every struct denies unknown fields, so a misspelt name (`"topk"`) is an `invalid_row` error
+//! rather than a silently ignored setting.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use nucleus_sampling::{LogprobsKind, ProcessorConfig, SamplingParams};
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::Deserialize;
+
+/// A JSON number, or one of the strings `"-inf"`, `"inf"` and `"nan"` (JSON has no spelling for
+/// them; also `"+inf"`, `"infinity"`, in any case): the spellings of
+/// [`nucleus_sampling::chain::lenient_f64`], so that `params` and `chain` rows read numbers
+/// alike. Integers are converted to the nearest f64.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Lenient(pub f64);
+
+impl<'de> Deserialize<'de> for Lenient {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        nucleus_sampling::chain::lenient_f64::deserialize(deserializer).map(Lenient)
+    }
+}
+
+/// A JSON object deserialized as `T`. serde's derived structs also accept a JSON list of their
+/// fields in declaration order; rows and parameters must name their fields, so a list (`[0.7]`
+/// for `{"temperature": 0.7}`) is rejected here instead of being read silently.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Object<T>(pub T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ObjectVisitor<T>(std::marker::PhantomData<T>);
+
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjectVisitor<T> {
+            type Value = T;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(de::value::MapAccessDeserializer::new(map))
+            }
+        }
+
+        deserializer
+            .deserialize_map(ObjectVisitor(std::marker::PhantomData))
+            .map(Object)
+    }
+}
+
+/// A row of values (`logits` or `probs`) as f32: each a JSON number (rounded to the nearest f32;
+/// beyond the f32 range it becomes ±inf) or `"-inf"`, `"inf"`, `"nan"` ([`Lenient`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Row(pub Vec<f32>);
+
+impl<'de> Deserialize<'de> for Row {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct RowVisitor;
+
+        impl<'de> Visitor<'de> for RowVisitor {
+            type Value = Vec<f32>;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(r#"a list of numbers (or "-inf", "inf", "nan")"#)
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<f32>, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+                while let Some(Lenient(v)) = seq.next_element()? {
+                    out.push(v as f32);
+                }
+                Ok(out)
+            }
+        }
+
+        deserializer.deserialize_seq(RowVisitor).map(Row)
+    }
+}
+
+/// `"raw"` or `"processed"` ([`LogprobsKind`]).
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum KindInput {
+    /// [`LogprobsKind::Raw`].
+    Raw,
+    /// [`LogprobsKind::Processed`].
+    Processed,
+}
+
+/// A `params` object: [`SamplingParams`] fields by their snake_case names, every one optional
+/// and off when absent or `null` (temperature 1).
+///
+/// `logit_bias` is an OpenAI-style object `{"<token id>": bias}`; `bad_words` a list of id
+/// lists; `seed` a u64, exact over its whole range (JSON integers are read without going
+/// through f64).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParamsInput {
+    temperature: Option<Lenient>,
+    top_k: Option<i64>,
+    top_p: Option<Lenient>,
+    min_p: Option<Lenient>,
+    repetition_penalty: Option<Lenient>,
+    presence_penalty: Option<Lenient>,
+    frequency_penalty: Option<Lenient>,
+    logit_bias: Option<BTreeMap<u32, Lenient>>,
+    allowed_token_ids: Option<Vec<u32>>,
+    bad_words: Option<Vec<Vec<u32>>>,
+    min_tokens: Option<usize>,
+    seed: Option<u64>,
+    n: Option<usize>,
+    logprobs: Option<usize>,
+    logprobs_kind: Option<KindInput>,
+}
+
+impl ParamsInput {
+    /// The [`SamplingParams`] these fields spell, defaults for the absent ones. Ranges are not
+    /// checked here: the sampler checks them per row ([`SamplingParams::validate`]) and answers
+    /// with an `invalid_params` error naming the field.
+    pub fn to_params(&self) -> SamplingParams {
+        let d = SamplingParams::default();
+        let f = |v: Option<Lenient>, default: f64| v.map_or(default, |Lenient(x)| x);
+        SamplingParams {
+            temperature: f(self.temperature, d.temperature),
+            top_k: self.top_k.unwrap_or(d.top_k),
+            top_p: f(self.top_p, d.top_p),
+            min_p: f(self.min_p, d.min_p),
+            repetition_penalty: f(self.repetition_penalty, d.repetition_penalty),
+            presence_penalty: f(self.presence_penalty, d.presence_penalty),
+            frequency_penalty: f(self.frequency_penalty, d.frequency_penalty),
+            logit_bias: self
+                .logit_bias
+                .iter()
+                .flatten()
+                .map(|(&id, &Lenient(b))| (id, b))
+                .collect(),
+            allowed_token_ids: self.allowed_token_ids.clone(),
+            bad_words: self.bad_words.clone().unwrap_or_default(),
+            min_tokens: self.min_tokens.unwrap_or(d.min_tokens),
+            seed: self.seed,
+            n: self.n.unwrap_or(d.n),
+            logprobs: self.logprobs,
+            logprobs_kind: match self.logprobs_kind {
+                None => d.logprobs_kind,
+                Some(KindInput::Raw) => LogprobsKind::Raw,
+                Some(KindInput::Processed) => LogprobsKind::Processed,
+            },
+        }
+    }
+}
+
+/// One line of JSON input: a row of logits or probabilities, its parameters (`params`) or
+/// processor chain (`chain`), and its context. See the module docs of [`crate::sample`] for
+/// the defaults.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RowInput {
+    /// Logits of the row.
+    pub logits: Option<Row>,
+    /// Probabilities (non-negative weights) of the row, instead of logits.
+    pub probs: Option<Row>,
+    /// Sampling parameters.
+    pub params: Option<Object<ParamsInput>>,
+    /// A processor chain, instead of `params`.
+    pub chain: Option<ChainInput>,
+    /// Prompt token ids.
+    pub prompt_ids: Option<Vec<u32>>,
+    /// Token ids generated so far.
+    pub output_ids: Option<Vec<u32>>,
+    /// Index in the whole sequence of the token being chosen.
+    pub position: Option<u64>,
+    /// EOS token ids (banned while fewer than `min_tokens` ids were generated).
+    pub eos_token_ids: Option<Vec<u32>>,
+    /// Stop token ids (as `eos_token_ids`).
+    pub stop_token_ids: Option<Vec<u32>>,
+    /// Candidate ids: the first `vocab_size` values of the row.
+    pub vocab_size: Option<usize>,
+}
+
+/// The `chain` field: an ordered list of processor configurations, the JSON form of
+/// [`nucleus_sampling::ProcessorConfig`] (e.g. `[{"top_k": {"k": 50}}, {"sample": {"seed": 1}}]`).
+pub type ChainInput = Vec<ProcessorConfig>;

@@ -1,0 +1,160 @@
+//! What `nucleus sample` writes: one JSON line per row, an answer ([`Answer`]) or an error
+//! ([`RowError`]). Non-finite numbers are written as the strings `"-inf"`, `"inf"`, `"nan"`.
+
+use nucleus_sampling::{LogprobsKind, SampleError, SampleOutput};
+use serde::{Serialize, Serializer};
+
+/// An f64 that serializes as a JSON number when finite, else as `"-inf"`, `"inf"` or `"nan"`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct JsonF64(f64);
+
+impl Serialize for JsonF64 {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let v = self.0;
+        if v.is_finite() {
+            s.serialize_f64(v)
+        } else if v.is_nan() {
+            s.serialize_str("nan")
+        } else if v > 0.0 {
+            s.serialize_str("inf")
+        } else {
+            s.serialize_str("-inf")
+        }
+    }
+}
+
+/// One entry of a `top_logprobs` list.
+#[derive(Clone, Copy, Debug, Serialize)]
+struct TopEntry {
+    id: u32,
+    logprob: JsonF64,
+}
+
+/// The answer for a row that was sampled.
+///
+/// `tokens` holds the `n` samples in sample order; `logprobs` their log-probabilities of the
+/// kind `logprobs_kind` (the asked kind, or `"processed"` when logprobs were not asked);
+/// `top_logprobs` one list per sampled token (the same list `n` times: the samples share one
+/// distribution), empty lists when not asked; `num_candidates` the tokens with non-zero final
+/// probability; `seed` the seed used; `dist`, with `--dist`, the final distribution over the
+/// whole row (zeros for removed tokens and for ids at or above `vocab_size`).
+#[derive(Debug, Serialize)]
+pub struct Answer {
+    tokens: Vec<u32>,
+    logprobs: Vec<JsonF64>,
+    logprobs_kind: &'static str,
+    top_logprobs: Vec<Vec<TopEntry>>,
+    num_candidates: usize,
+    seed: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dist: Option<Vec<JsonF64>>,
+}
+
+impl Answer {
+    /// The answer for a sampled row; `dist` is the final distribution when `--dist` was given.
+    pub fn new(output: &SampleOutput, dist: Option<Vec<f64>>) -> Self {
+        let tokens: Vec<u32> = output.tokens().collect();
+        let (logprobs, kind, top) = match &output.logprobs {
+            Some(l) => (
+                l.sampled.iter().map(|&v| JsonF64(v)).collect(),
+                l.kind,
+                l.top
+                    .iter()
+                    .map(|t| TopEntry {
+                        id: t.token_id,
+                        logprob: JsonF64(t.logprob),
+                    })
+                    .collect(),
+            ),
+            None => (
+                std::iter::once(output.logprob)
+                    .chain(output.extra_samples.iter().map(|s| s.logprob))
+                    .map(JsonF64)
+                    .collect(),
+                LogprobsKind::Processed,
+                Vec::new(),
+            ),
+        };
+        Self {
+            top_logprobs: vec![top; tokens.len()],
+            tokens,
+            logprobs,
+            logprobs_kind: kind.as_str(),
+            num_candidates: output.num_candidates,
+            seed: output.seed,
+            dist: dist.map(|d| d.into_iter().map(JsonF64).collect()),
+        }
+    }
+}
+
+/// Why a row got no answer: `kind` is a stable snake_case name, `message` says what was wrong.
+///
+/// Kinds: the [`SampleError`] variants (`non_finite_logits`, `invalid_probability`,
+/// `no_candidates`, `invalid_params`, `penalty_overflow`, `seed_unavailable`,
+/// `token_id_out_of_range`), `invalid_json` (the line does not parse as JSON) and
+/// `invalid_row` (well-formed JSON whose fields are wrong).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RowError {
+    /// The error's kind.
+    pub kind: &'static str,
+    /// What was wrong, in words.
+    pub message: String,
+}
+
+impl RowError {
+    /// An `invalid_json` error.
+    pub fn invalid_json(message: impl Into<String>) -> Self {
+        Self {
+            kind: "invalid_json",
+            message: message.into(),
+        }
+    }
+
+    /// An `invalid_row` error.
+    pub fn invalid_row(message: impl Into<String>) -> Self {
+        Self {
+            kind: "invalid_row",
+            message: message.into(),
+        }
+    }
+}
+
+impl From<SampleError> for RowError {
+    fn from(e: SampleError) -> Self {
+        let kind = match e {
+            SampleError::NonFiniteLogits { .. } => "non_finite_logits",
+            SampleError::InvalidProbability { .. } => "invalid_probability",
+            SampleError::NoCandidates => "no_candidates",
+            SampleError::InvalidParams(_) => "invalid_params",
+            SampleError::PenaltyOverflow { .. } => "penalty_overflow",
+            SampleError::SeedUnavailable(_) => "seed_unavailable",
+            SampleError::TokenIdOutOfRange { .. } => "token_id_out_of_range",
+        };
+        Self {
+            kind,
+            message: e.to_string(),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct ErrorLine<'a> {
+    error: &'a RowError,
+}
+
+/// One output line (without its newline): the answer, or `{"error": {"kind", "message"}}`.
+pub fn line(result: &Result<Answer, RowError>) -> Vec<u8> {
+    let bytes = match result {
+        Ok(answer) => serde_json::to_vec(answer),
+        Err(error) => serde_json::to_vec(&ErrorLine { error }),
+    };
+    // Serializing these plain structs (no maps with non-string keys, no failing Serialize
+    // impls) cannot fail; keep a well-formed line if it ever did.
+    bytes.unwrap_or_else(|e| {
+        let error = RowError {
+            kind: "internal",
+            message: format!("could not write the answer: {e}"),
+        };
+        serde_json::to_vec(&ErrorLine { error: &error }).unwrap_or_default()
+    })
+}
