@@ -700,12 +700,7 @@ fn prepare_with(
     let sparse = modifies
         && params.allowed_token_ids.is_none()
         && (greedy || k_on)
-        && match sparse_modifications(row, floor, request, scratch) {
-            Ok(m) => m.is_some_and(|m| (keep + m) * LIST_FRACTION <= vocab),
-            // Step 1 comes first: a NaN row reports that, not the penalty's error.
-            Err(_) if !probs && kernels::max_bad(row).1 => return Err(non_finite(row)),
-            Err(e) => return Err(e),
-        };
+        && list_modified_ids(vocab, keep, request, scratch);
     let logits: &[f32] = if modifies && !sparse {
         // Step 1 on the caller's row, then the copy.
         if kernels::max_bad(row).1 {
@@ -723,7 +718,20 @@ fn prepare_with(
     // Top-p alone on logits: the maximum and the normaliser in one online pass.
     let online = !greedy && !k_on && p_on && params.min_p == 0.0 && !probs;
     let mut online_z = None;
-    let bad = if online {
+    // Min-p without top-k on logits: the maximum and every token within the min-p window of
+    // the running maximum, in one pass.
+    let window = !greedy && !k_on && params.min_p > 0.0 && !probs;
+    let bad = if window {
+        let level = params.min_p.ln();
+        let t64 = params.temperature;
+        scan_window(
+            logits,
+            floor,
+            &|m| logit_cut(m, level, t64),
+            &mut scratch.cand,
+            split,
+        )
+    } else if online {
         let r = row_max_sum_exp(logits, params.temperature as f32, split);
         scratch.cand.clear();
         if r.max > floor {
@@ -739,21 +747,19 @@ fn prepare_with(
         }
         r.bad
     } else if sparse {
-        // The best `keep` unmodified ids (the modified ones are skipped), then the modified
-        // ones with their new values: the best `keep` of both is exact.
-        let words = vocab.div_ceil(64);
-        if scratch.mark.len() < words {
-            scratch.mark.resize(words, 0);
-        }
-        for &id in &scratch.mod_ids {
-            scratch.mark[id as usize / 64] |= 1 << (id % 64);
-        }
+        // The best `keep` unmodified ids (the modified ones, marked, are skipped), then the
+        // modified ones with their new values (steps 3-5, after the row check of step 1):
+        // the best `keep` of both is exact.
         let bad = scan_top(logits, floor, keep, &scratch.mark, &mut scratch.cand, split);
         for &id in &scratch.mod_ids {
             scratch.mark[id as usize / 64] = 0;
         }
+        if bad {
+            return Err(non_finite(row));
+        }
+        apply_sparse_modifications(row, floor, request, scratch)?;
         merge_modifications(floor, keep, scratch);
-        bad
+        false
     } else {
         scan_top(logits, floor, keep, &[], &mut scratch.cand, split)
     };
@@ -810,14 +816,17 @@ fn prepare_with(
         }
         set_weights(cand, &mut scratch.cand_w, max, t, probs, &weight);
     } else if min_p_on {
-        cand.clear();
-        // A logit cut at or below the min-p threshold, then the exact test.
-        let cut = if probs {
-            (min_p_abs as f32).min(max)
-        } else {
-            logit_cut(max, ln_min_p, t64)
-        };
-        collect(logits, floor, cut, cand, split);
+        if !window {
+            // A cut at or below the min-p threshold (the window pass did this for logits).
+            cand.clear();
+            let cut = if probs {
+                (min_p_abs as f32).min(max)
+            } else {
+                logit_cut(max, ln_min_p, t64)
+            };
+            collect(logits, floor, cut, cand, split);
+        }
+        // The exact test.
         cand.retain(|c| passes_min_p(c.logit));
         set_weights(cand, &mut scratch.cand_w, max, t, probs, &weight);
     } else if !p_on {
@@ -897,6 +906,10 @@ fn finish(
 ) -> Result<Prepared, SampleError> {
     let vocab = logits.len();
     let cand = &mut scratch.cand;
+    if kept == 0 {
+        // Not reachable (the maximum always survives); an error rather than a panic.
+        return Err(SampleError::NoCandidates);
+    }
     if kept * LIST_FRACTION <= vocab {
         cand.truncate(kept);
         cand.sort_unstable_by_key(|c| c.id);
@@ -1057,6 +1070,74 @@ fn scan_top(
     }
 }
 
+/// Every token above `floor` whose value is at or above `cut(running maximum)`, into `out`
+/// in id order, in one vectorised pass; returns whether any value is NaN or +inf. `cut` must
+/// be monotone and at most its argument, so the result holds every token at or above
+/// `cut(max)` of the row's maximum (and the maximum itself), plus perhaps some below.
+fn scan_window(
+    logits: &[f32],
+    floor: f32,
+    cut: &(impl Fn(f32) -> f32 + Sync),
+    out: &mut Vec<Cand>,
+    split: bool,
+) -> bool {
+    if split {
+        let size = piece(logits.len());
+        let parts: Vec<(Vec<Cand>, bool)> = logits
+            .par_chunks(size)
+            .enumerate()
+            .map(|(c, part)| {
+                let mut v = Vec::new();
+                let bad = scan_window(part, floor, cut, &mut v, false);
+                for cand in &mut v {
+                    cand.id += (c * size) as u32;
+                }
+                (v, bad)
+            })
+            .collect();
+        out.clear();
+        let mut bad = false;
+        for (v, b) in parts {
+            out.extend_from_slice(&v);
+            bad |= b;
+        }
+        return bad;
+    }
+    let mut max = floor;
+    let mut threshold = floor;
+    let mut pruned_at = 0usize;
+    out.clear();
+    let mut visit = |i: usize, l: f32, threshold: &mut f32| {
+        if l <= floor {
+            return;
+        }
+        if l > max {
+            max = l;
+            *threshold = cut(max).max(floor);
+            // Drop what fell out of the window once the buffer has doubled.
+            if out.len() >= 2 * pruned_at + 64 {
+                let t = *threshold;
+                out.retain(|c| c.logit >= t);
+                pruned_at = out.len();
+            }
+        }
+        out.push(Cand {
+            logit: l,
+            id: i as u32,
+            w: 0.0,
+        });
+    };
+    match kernels::isa() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `isa()` reports AVX-512F only when the CPU has it.
+        kernels::Isa::Avx512 => unsafe { x86::window_avx512(logits, &mut threshold, &mut visit) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `isa()` reports AVX2 only when the CPU has it.
+        kernels::Isa::Avx2 => unsafe { x86::window_avx2(logits, &mut threshold, &mut visit) },
+        kernels::Isa::Baseline => scan_runs::<SSE2, true>(logits, &mut threshold, visit),
+    }
+}
+
 /// Appends to `out` every token above `floor` whose value is `>= cut`, in id order, in one
 /// vectorised pass of compares.
 fn collect(logits: &[f32], floor: f32, cut: f32, out: &mut Vec<Cand>, split: bool) {
@@ -1114,6 +1195,24 @@ mod x86 {
         out: &mut Vec<Cand>,
     ) -> bool {
         super::scan_top_body::<{ super::AVX2 }>(logits, floor, keep, exclude, out)
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn window_avx512(
+        logits: &[f32],
+        threshold: &mut f32,
+        visit: &mut impl FnMut(usize, f32, &mut f32),
+    ) -> bool {
+        super::scan_runs::<{ super::AVX512 }, true>(logits, threshold, visit)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn window_avx2(
+        logits: &[f32],
+        threshold: &mut f32,
+        visit: &mut impl FnMut(usize, f32, &mut f32),
+    ) -> bool {
+        super::scan_runs::<{ super::AVX2 }, true>(logits, threshold, visit)
     }
 
     #[target_feature(enable = "avx512f")]
@@ -1323,22 +1422,20 @@ fn logit_cut(max: f32, level: f64, t64: f64) -> f32 {
     }
 }
 
-/// Steps 3-5 as a sparse list: the ids they may change (in `scratch.mod_ids`) and
-/// their changed values (`scratch.mod_vals`), computed exactly as on a copy of the row.
-/// Returns `None`, with nothing listed, when more than `row.len() / LIST_FRACTION` ids may
-/// change (the copy is then cheaper). Not for `allowed_token_ids`, which changes every id.
-///
-/// # Errors
-/// As [`apply_constraints_bias_penalties`].
-fn sparse_modifications(
-    row: &[f32],
-    floor: f32,
+/// Lists the ids that steps 3-5 may change in `scratch.mod_ids` (first-seen order), marks
+/// them in `scratch.mark` and records their places in `scratch.slot_of`, and returns `true`
+/// when the sparse path applies: at most `vocab / LIST_FRACTION - keep` such ids. Otherwise
+/// nothing stays marked and it returns `false` (a copy of the row is then cheaper). Not for
+/// `allowed_token_ids`, which changes every id.
+fn list_modified_ids(
+    vocab: usize,
+    keep: usize,
     request: &SampleRequest<'_>,
     scratch: &mut Scratch,
-) -> Result<Option<usize>, SampleError> {
+) -> bool {
     let params = request.params;
     let output = request.output_ids;
-    let limit = row.len() / LIST_FRACTION;
+    let limit = (vocab / LIST_FRACTION).saturating_sub(keep);
     let ids = &mut scratch.mod_ids;
     ids.clear();
     let bad_words = params.bad_words.iter().filter_map(|w| w.last());
@@ -1355,15 +1452,14 @@ fn sparse_modifications(
     let counted = output
         .iter()
         .filter(|_| params.frequency_penalty != 0.0 || params.presence_penalty != 0.0);
-    let words = row.len().div_ceil(64);
+    let words = vocab.div_ceil(64);
     if scratch.mark.len() < words {
         scratch.mark.resize(words, 0);
     }
-    if scratch.slot_of.len() < row.len() {
-        scratch.slot_of.resize(row.len(), 0);
+    if scratch.slot_of.len() < vocab {
+        scratch.slot_of.resize(vocab, 0);
     }
     let (mark, slot_of) = (&mut scratch.mark, &mut scratch.slot_of);
-    let mut too_many = false;
     for &id in bad_words
         .chain(stops)
         .chain(bias)
@@ -1372,26 +1468,36 @@ fn sparse_modifications(
     {
         let (word, bit) = (id as usize / 64, 1u64 << (id % 64));
         if mark[word] & bit == 0 {
+            if ids.len() == limit {
+                for &id in ids.iter() {
+                    mark[id as usize / 64] = 0;
+                }
+                ids.clear();
+                return false;
+            }
             mark[word] |= bit;
             slot_of[id as usize] = ids.len() as u32;
             ids.push(id);
-            if ids.len() > limit {
-                too_many = true;
-                break;
-            }
         }
     }
-    for &id in ids.iter() {
-        mark[id as usize / 64] = 0;
-    }
-    if too_many {
-        ids.clear();
-        return Ok(None);
-    }
+    true
+}
+
+/// The values of `scratch.mod_ids` after steps 3-5, into `scratch.mod_vals`: computed exactly
+/// as on a copy of the row ([`modify`] on the listed ids only).
+///
+/// # Errors
+/// As [`modify`].
+fn apply_sparse_modifications(
+    row: &[f32],
+    floor: f32,
+    request: &SampleRequest<'_>,
+    scratch: &mut Scratch,
+) -> Result<(), SampleError> {
     scratch.mod_vals.clear();
     scratch
         .mod_vals
-        .extend(ids.iter().map(|&id| row[id as usize]));
+        .extend(scratch.mod_ids.iter().map(|&id| row[id as usize]));
     let mut slots = Sparse {
         slot_of: &scratch.slot_of,
         vals: &mut scratch.mod_vals,
@@ -1403,8 +1509,7 @@ fn sparse_modifications(
         row.len(),
         &mut scratch.seen,
         &mut scratch.counts,
-    )?;
-    Ok(Some(scratch.mod_ids.len()))
+    )
 }
 
 /// Adds the modified ids with their modified values to the scan's candidates (the best
