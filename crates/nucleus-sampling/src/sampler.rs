@@ -570,8 +570,8 @@ struct Scratch {
     mod_ids: Vec<u32>,
     /// Their values after steps 3-5.
     mod_vals: Vec<f32>,
-    /// Index in `mod_ids` of each listed id (other entries are stale).
-    slot_of: Vec<u32>,
+    /// Id -> index in `mod_ids` (sparse mode), an open-addressing table.
+    slot_table: Vec<u64>,
 }
 
 thread_local! {
@@ -1423,7 +1423,7 @@ fn logit_cut(max: f32, level: f64, t64: f64) -> f32 {
 }
 
 /// Lists the ids that steps 3-5 may change in `scratch.mod_ids` (first-seen order), marks
-/// them in `scratch.mark` and records their places in `scratch.slot_of`, and returns `true`
+/// them in `scratch.mark`, and returns `true`
 /// when the sparse path applies: at most `vocab / LIST_FRACTION - keep` such ids. Otherwise
 /// nothing stays marked and it returns `false` (a copy of the row is then cheaper). Not for
 /// `allowed_token_ids`, which changes every id.
@@ -1456,10 +1456,7 @@ fn list_modified_ids(
     if scratch.mark.len() < words {
         scratch.mark.resize(words, 0);
     }
-    if scratch.slot_of.len() < vocab {
-        scratch.slot_of.resize(vocab, 0);
-    }
-    let (mark, slot_of) = (&mut scratch.mark, &mut scratch.slot_of);
+    let mark = &mut scratch.mark;
     for &id in bad_words
         .chain(stops)
         .chain(bias)
@@ -1476,7 +1473,6 @@ fn list_modified_ids(
                 return false;
             }
             mark[word] |= bit;
-            slot_of[id as usize] = ids.len() as u32;
             ids.push(id);
         }
     }
@@ -1498,8 +1494,22 @@ fn apply_sparse_modifications(
     scratch
         .mod_vals
         .extend(scratch.mod_ids.iter().map(|&id| row[id as usize]));
+    // A small open-addressing table id -> slot (a few KiB: stays in cache).
+    let ids = &scratch.mod_ids;
+    let bits = (2 * ids.len()).next_power_of_two().max(16).trailing_zeros();
+    let table = &mut scratch.slot_table;
+    table.clear();
+    table.resize(1 << bits, u64::MAX);
+    for (slot, &id) in ids.iter().enumerate() {
+        let mut h = slot_hash(id, bits);
+        while table[h] != u64::MAX {
+            h = (h + 1) & (table.len() - 1);
+        }
+        table[h] = (u64::from(id) << 32) | slot as u64;
+    }
     let mut slots = Sparse {
-        slot_of: &scratch.slot_of,
+        table: &scratch.slot_table,
+        bits,
         vals: &mut scratch.mod_vals,
     };
     modify(
@@ -1545,16 +1555,33 @@ impl Slots for Dense<'_> {
 }
 
 struct Sparse<'a> {
-    /// Index in `vals` of each listed id (entries of other ids are stale).
-    slot_of: &'a [u32],
+    /// Open-addressing table of `id << 32 | index in vals` (`u64::MAX`: empty), `2^bits` long.
+    table: &'a [u64],
+    bits: u32,
     vals: &'a mut [f32],
+}
+
+/// The home slot of `id` in a table of `2^bits` entries (Fibonacci hashing).
+#[inline]
+fn slot_hash(id: u32, bits: u32) -> usize {
+    (id.wrapping_mul(0x9E37_79B9) >> (32 - bits)) as usize
 }
 
 impl Slots for Sparse<'_> {
     #[inline]
     fn slot(&mut self, id: u32) -> &mut f32 {
-        // Every id steps 3-5 touch was listed by `sparse_modifications`.
-        &mut self.vals[self.slot_of[id as usize] as usize]
+        // Every id steps 3-5 touch was listed by `list_modified_ids`, so the probe ends.
+        let mask = self.table.len() - 1;
+        let mut h = slot_hash(id, self.bits);
+        loop {
+            let e = self.table[h];
+            if (e >> 32) as u32 == id || e == u64::MAX {
+                debug_assert_ne!(e, u64::MAX, "id {id} was not listed");
+                let slot = if e == u64::MAX { 0 } else { e as u32 as usize };
+                return &mut self.vals[slot];
+            }
+            h = (h + 1) & mask;
+        }
     }
 }
 
