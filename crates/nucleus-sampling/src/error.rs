@@ -30,7 +30,7 @@ impl ParamError {
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum SampleError {
     /// A NaN or +inf logit at an id below `vocab_size` (spec step 1). `-inf` is legal: it masks.
-    #[error("non-finite logit {value} at token id {token_id}")]
+    #[error("non-finite logit {value:?} at token id {token_id}")]
     NonFiniteLogits {
         /// The lowest id holding a NaN or +inf.
         token_id: u32,
@@ -39,7 +39,7 @@ pub enum SampleError {
     },
     /// A probability-input row holds a NaN, infinite or negative value.
     #[error(
-        "invalid probability {value} at token id {token_id}: probabilities must be finite and >= 0"
+        "invalid probability {value:?} at token id {token_id}: probabilities must be finite and >= 0"
     )]
     InvalidProbability {
         /// The lowest offending id.
@@ -47,15 +47,17 @@ pub enum SampleError {
         /// The value found there.
         value: f32,
     },
-    /// Every logit of the row is `-inf` after the hard constraints (spec step 12).
-    #[error("no candidate token: every logit below vocab_size is -inf")]
+    /// No token can be chosen (spec step 12): every logit below `vocab_size` is `-inf` (every
+    /// probability 0) after the hard constraints (`allowed_token_ids`, `bad_words`,
+    /// `min_tokens`).
+    #[error("no candidate token: every token below vocab_size is removed (logit -inf or probability 0, given so or masked by allowed_token_ids, bad_words or min_tokens)")]
     NoCandidates,
     /// A parameter is out of range.
     #[error(transparent)]
     InvalidParams(#[from] ParamError),
     /// The repetition penalty turned a finite logit into a non-finite value: a penalty so close
     /// to 0, or so large, that `l / r` or `l * r` leaves the f32 range.
-    #[error("repetition_penalty {penalty} takes the logit {logit} of token id {token_id} out of the f32 range")]
+    #[error("repetition_penalty {penalty:?} takes the logit {logit:?} of token id {token_id} out of the f32 range")]
     PenaltyOverflow {
         /// The token whose logit overflowed.
         token_id: u32,

@@ -1,23 +1,34 @@
 //! The `SamplingParams` path: one fixed chain of spec/sampling.md steps 1 and 3-12, in linear
-//! time per row (no sort of the vocabulary).
+//! time per row (no sort of the vocabulary), reading the row about once.
 //!
-//! How a row is processed:
-//! 1. One pass finds the maximum and rejects NaN / +inf (step 1).
-//! 2. Hard constraints, logit bias and penalties (steps 3-5) are applied to a per-thread copy of
-//!    the row, only when one of them changes something; the caller's logits are never written.
-//! 3. Greedy (step 6) is the argmax, ties to the lowest id.
-//! 4. Top-k (step 9) keeps a small buffer of candidates above a rising threshold and compacts it
-//!    with a linear-time selection; the order is (logit descending, id ascending), so ties go
-//!    to the lower id and the kept set is exactly k tokens.
-//! 5. Top-p (step 10) runs a mass-aware quickselect over the candidates: partition around a
-//!    pivot, compare the mass of the better side with the remaining target, recurse into one
-//!    side. Expected linear time; sums in f64.
+//! How a row is processed (the passes are in [`crate::kernels`] or use its masks: AVX-512,
+//! AVX2 or SSE2 chosen at run time, bitwise the same results):
+//! 1. Row check (step 1) inside the first pass: NaN and +inf set a bit of the compare masks.
+//! 2. Steps 3-5. For greedy and top-k with few modified ids (bad words, stop ids under
+//!    `min_tokens`, biased and penalised ids): the scan skips those ids and they are added back
+//!    with their modified values (exact: the best `k` of the unmodified ids plus the modified
+//!    ones contain the best `k` of the row). Otherwise a per-thread copy of the row is
+//!    modified. The caller's logits are never written.
+//! 3. Greedy (step 6) and top-k (step 9): one pass of vector compares against a rising
+//!    threshold; a candidate enters a buffer of u64 rank keys (logit descending, id ascending)
+//!    that a linear-time selection cuts back to `k` whenever it doubles. Exactly `k` tokens,
+//!    ties to the lower id.
+//! 4. Min-p alone (step 8): one pass keeping a window below the running maximum; then the exact
+//!    test `(l - max) / T >= ln(min_p)` in f64.
+//! 5. Top-p alone (step 10): one online pass computes the maximum and the normaliser `z`
+//!    (16 lanes, f64 per block); the tokens ranked at or below the boundary weigh more than
+//!    `(1 - p) z`, so the boundary's weight is at least `(1 - p) z / vocab`, and only tokens
+//!    above that cut are collected (a second, compare-only pass) for a mass-aware quickselect
+//!    (f64 sums).
 //! 6. Whatever the filters, the survivors form a prefix of the (logit desc, id asc) order, so
 //!    they are either a short list (sorted by id) or "every finite logit ranked at or above a
 //!    boundary (logit, id)", tested in one pass over the row.
 //! 7. Selection (step 11) walks the survivors in id order with one uniform from the request's
-//!    Philox stream. Weights are `exp((l - max) / T)` in f32; masses are f64 sums over fixed id
-//!    chunks of [`CHUNK`] ids, so a future within-row split over threads gives the same sums.
+//!    Philox stream. Weights are `exp((l - max) / T)` in f32 (a polynomial exp without fused
+//!    multiply-adds, so every instruction set gives the same bits); masses are f64 sums over
+//!    fixed chunks of [`CHUNK`] ids.
+//! 8. When the batch leaves threads idle, a long row's passes are split across the pool by
+//!    whole chunks and merged in chunk order: the same bits on any thread count.
 //!
 //! Ordering decisions (top-k, top-p) use the penalised logits before temperature: dividing by
 //! a positive temperature keeps the order, and the logits keep distinctions that f32 rounding
@@ -369,17 +380,21 @@ fn raw_logprobs(row: &[f32], kind: InputKind, output: &SampleOutput, top: usize)
         InputKind::Logits => f32::NEG_INFINITY,
         InputKind::Probs => 0.0,
     };
+    // Logits: `(l - max) - ln(sum exp(l - max))`, the difference of two f32 exact in f64, so
+    // the result keeps its precision however large the logits.
+    let max = match kind {
+        InputKind::Logits => kernels::max_bad(row).0,
+        InputKind::Probs => 0.0,
+    };
     let raw = |v: f32, norm: f64| -> f64 {
         match kind {
-            InputKind::Logits => f64::from(v) - norm,
+            InputKind::Logits => (f64::from(v) - f64::from(max)) - norm,
             InputKind::Probs => (f64::from(v) / norm).ln(),
         }
     };
     let norm = match kind {
         InputKind::Logits => {
-            let max = max_of(row);
-            let sum = chunked_sum_f64(row.iter().map(|&l| (f64::from(l) - f64::from(max)).exp()));
-            f64::from(max) + sum.ln()
+            chunked_sum_f64(row.iter().map(|&l| (f64::from(l) - f64::from(max)).exp())).ln()
         }
         InputKind::Probs => chunked_sum_f64(row.iter().map(|&p| f64::from(p))),
     };
@@ -487,7 +502,8 @@ fn distribution_kind(
                 let w = &scratch.weights[..row.len()];
                 let z = chunked_sum(w.iter().copied().enumerate());
                 for (o, &wi) in out.iter_mut().zip(w) {
-                    *o = f64::from(wi) / z;
+                    // `+ 0.0`: a probability input of -0.0 gives 0, not -0.
+                    *o = f64::from(wi) / z + 0.0;
                 }
             }
         }

@@ -1,7 +1,8 @@
 //! Regression tests, each named after what broke.
 
 use nucleus_sampling::{
-    distribution, sample_batch, LogitsView, SampleError, SampleRequest, SamplingParams,
+    distribution, distribution_from_probs, sample_batch, sample_row, sample_row_from_probs,
+    LogitsView, SampleError, SampleRequest, SamplingParams,
 };
 
 #[test]
@@ -85,4 +86,51 @@ fn logits_near_f32_max_do_not_overflow_the_max_subtraction() {
     for (got, want) in p.iter().zip(expected) {
         assert!((got - want).abs() < 1e-6, "{p:?} vs {expected:?}");
     }
+}
+
+#[test]
+fn raw_logprobs_keep_their_precision_for_huge_logits() {
+    // Found by a new-user test: `l - (max + ln sum)` in f64 lost the ln 2 next to 1e16.
+    for (m, n) in [(1e8f32, 2usize), (1e16, 2), (3e38, 3)] {
+        let row = vec![m; n];
+        let params = SamplingParams {
+            seed: Some(1),
+            logprobs: Some(n),
+            logprobs_kind: nucleus_sampling::LogprobsKind::Raw,
+            ..Default::default()
+        };
+        let out = sample_row(&row, &SampleRequest::new(&params, &[], &[], 0)).unwrap();
+        let want = -(n as f64).ln();
+        let lp = out.logprobs.unwrap();
+        assert!(
+            (lp.sampled[0] - want).abs() < 1e-12,
+            "{m}: {:?}",
+            lp.sampled
+        );
+        for t in &lp.top {
+            assert!((t.logprob - want).abs() < 1e-12, "{m}: {:?}", lp.top);
+        }
+    }
+}
+
+#[test]
+fn a_negative_zero_probability_is_a_zero_in_the_distribution() {
+    let params = SamplingParams::default();
+    let d =
+        distribution_from_probs(&[-0.0, 1.0], &SampleRequest::new(&params, &[], &[], 0)).unwrap();
+    assert_eq!(d[0].to_bits(), 0.0f64.to_bits());
+    assert_eq!(d[1], 1.0);
+}
+
+#[test]
+fn no_candidates_says_why_for_probabilities_and_masks() {
+    let params = SamplingParams::default();
+    let err =
+        sample_row_from_probs(&[0.0, 0.0], &SampleRequest::new(&params, &[], &[], 0)).unwrap_err();
+    assert_eq!(err, SampleError::NoCandidates);
+    let msg = err.to_string();
+    assert!(
+        msg.contains("probability 0") && msg.contains("min_tokens"),
+        "{msg}"
+    );
 }
