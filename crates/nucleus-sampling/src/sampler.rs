@@ -1745,10 +1745,6 @@ fn dense_weights(buf: &mut Vec<f32>, vocab: usize) -> &mut [f32] {
     &mut buf[..vocab]
 }
 
-fn max_of(values: &[f32]) -> f32 {
-    values.iter().copied().fold(f32::NEG_INFINITY, f32::max)
-}
-
 /// Parameters defined on logits only are an error with probability input (spec/sampling.md,
 /// "Parameter edge values"); temperature 1 is accepted as the no-op it is.
 fn check_probs_params(params: &SamplingParams) -> Result<(), SampleError> {
