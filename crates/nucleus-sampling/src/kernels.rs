@@ -181,23 +181,15 @@ mod x86 {
     /// One block of [`super::max_sum_exp_chunks_with`] on AVX-512: the same arithmetic as
     /// [`super::block_generic`], lane for lane.
     #[target_feature(enable = "avx512f")]
-    fn block_avx512<const DIV: bool>(
-        block: &[f32],
-        m: &mut [f32; 16],
-        s: &mut [f64; 16],
-        t: f32,
-    ) -> u32 {
+    fn block_avx512<const DIV: bool>(block: &[f32], m: &mut [f32; 16], s: &mut [f64; 16], t: f32) {
         let tv = _mm512_set1_ps(t);
-        let big = _mm512_set1_ps(f32::MAX);
         // SAFETY: m and s are 16 lanes; block is MSE_BLOCK values (a multiple of 16).
         unsafe {
             let mv = _mm512_loadu_ps(m.as_ptr());
             let mut bm = mv;
-            let mut bad: u16 = 0;
             for q in 0..block.len() / 16 {
                 let x = _mm512_loadu_ps(block.as_ptr().add(16 * q));
                 bm = _mm512_max_ps(x, bm);
-                bad |= _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(x, big);
             }
             let (rlo, rhi) = widen16(exp16(scale16::<DIV>(mv, _mm512_sub_ps(mv, bm), tv)));
             let mut slo = _mm512_mul_pd(_mm512_loadu_pd(s.as_ptr()), rlo);
@@ -213,7 +205,6 @@ mod x86 {
             _mm512_storeu_ps(m.as_mut_ptr(), bm);
             _mm512_storeu_pd(s.as_mut_ptr(), slo);
             _mm512_storeu_pd(s.as_mut_ptr().add(8), shi);
-            u32::from(bad)
         }
     }
 
@@ -334,14 +325,12 @@ fn block_generic<const DIV: bool>(
     m: &mut [f32; MSE_LANES],
     s: &mut [f64; MSE_LANES],
     t: f32,
-) -> u32 {
+) {
     const L: usize = MSE_LANES;
     let mut bm = *m;
-    let mut bad = 0u32;
     for run in block.chunks_exact(L) {
         for i in 0..L {
             bm[i] = gt_max(run[i], bm[i]);
-            bad |= u32::from(is_bad(run[i]));
         }
     }
     for i in 0..L {
@@ -358,13 +347,12 @@ fn block_generic<const DIV: bool>(
     for i in 0..L {
         s[i] += f64::from(part[i]);
     }
-    bad
 }
 
 #[inline(always)]
 fn max_sum_exp_chunks_with<const DIV: bool, B>(row: &[f32], t: f32, mut block_fn: B) -> MaxSumExp
 where
-    B: FnMut(&[f32], &mut [f32; MSE_LANES], &mut [f64; MSE_LANES], f32) -> u32,
+    B: FnMut(&[f32], &mut [f32; MSE_LANES], &mut [f64; MSE_LANES], f32),
 {
     const L: usize = MSE_LANES;
     let mut max = f32::NEG_INFINITY;
@@ -376,7 +364,12 @@ where
         let mut s = [0.0f64; L];
         let whole = part.len() / MSE_BLOCK * MSE_BLOCK;
         for block in part[..whole].chunks_exact(MSE_BLOCK) {
-            bad |= block_fn(block, &mut m, &mut s, t);
+            block_fn(block, &mut m, &mut s, t);
+        }
+        // NaN or +inf in a block: a NaN term (NaN, or inf - inf) stays in its lane's sum, and
+        // no finite row makes one; the maximum shows +inf too.
+        if s.iter().any(|x| x.is_nan()) || m.contains(&f32::INFINITY) {
+            bad = 1;
         }
         let mut pm = f32::NEG_INFINITY;
         for &x in m.iter().chain(&part[whole..]) {
@@ -629,6 +622,26 @@ mod tests {
             let base = max_sum_exp_body(&row, t);
             assert_eq!(base.sum.to_bits(), got.sum.to_bits());
         }
+        // NaN or +inf anywhere: in a block, in a chunk's tail, in a chunk of only NaN and
+        // -inf, on every instruction set's path (dispatched and portable bodies).
+        for (at, v) in [
+            (20_005, f32::NAN),
+            (100, f32::NAN),
+            (9_000, f32::INFINITY),
+            (8_191, f32::NAN),
+        ] {
+            let mut bad_row = row.clone();
+            bad_row[at] = v;
+            for t in [1.0, 0.5] {
+                assert!(max_sum_exp(&bad_row, t).bad, "{v} at {at}, t {t}");
+                assert!(max_sum_exp_body(&bad_row, t).bad, "{v} at {at}, t {t}");
+            }
+        }
+        let mut masked = vec![f32::NEG_INFINITY; 8192 * 2];
+        masked[8192 + 300] = f32::NAN;
+        masked[5] = 1.0;
+        assert!(max_sum_exp(&masked, 1.0).bad);
+        assert!(max_sum_exp_body(&masked, 1.0).bad);
         let mut nan = row.clone();
         nan[20_005] = f32::NAN;
         assert!(max_sum_exp(&nan, 1.0).bad);
