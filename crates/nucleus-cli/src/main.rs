@@ -61,16 +61,18 @@ struct BenchSamplingArgs {
 
 #[derive(Args, Debug)]
 struct SampleArgs {
-    /// JSON lines to sample, one row each (default: stdin).
+    /// JSON lines to sample, one row each (default, or `-`: stdin).
     #[arg(long, conflicts_with = "logits")]
     input: Option<PathBuf>,
     /// A safetensors file with a [batch, vocab] tensor named `logits` (f32, f16 or bf16),
     /// instead of JSON lines.
     #[arg(long)]
     logits: Option<PathBuf>,
-    /// With --logits: a JSON file with one params object for every row, or a list of one per
-    /// row (default: temperature 1, everything else off).
-    #[arg(long, requires = "logits")]
+    /// With --logits only: a JSON file with one params object for every row, or a list of one
+    /// per row (default: temperature 1, everything else off). JSON lines carry their own.
+    // `requires` alone is not enough: clap lets a required argument be missing when it
+    // conflicts with one that is present, so `--input F --params P` needs the conflict too.
+    #[arg(long, requires = "logits", conflicts_with = "input")]
     params: Option<PathBuf>,
     /// Add "dist", the full final distribution, to every answer.
     #[arg(long)]
@@ -254,8 +256,22 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
     })
 }
 
+/// Opens `--input PATH` for reading: `-` is stdin; a directory is refused up front (opening
+/// one succeeds on Unix, and only the first read would fail, without the path).
+fn open_input(path: &std::path::Path) -> std::io::Result<Box<dyn std::io::Read + Send>> {
+    if path.as_os_str() == "-" {
+        return Ok(Box::new(std::io::stdin()));
+    }
+    let file = std::fs::File::open(path)?;
+    if file.metadata()?.is_dir() {
+        return Err(std::io::ErrorKind::IsADirectory.into());
+    }
+    Ok(Box::new(file))
+}
+
 /// Runs `nucleus sample`. Exit status 0 when every row got an answer (a row's error is an
-/// answer); 2 for an unreadable or unusable input file.
+/// answer); 2 for an unreadable or unusable input file; 1 when writing the answers fails (a
+/// closed pipe, as in `nucleus sample | head`, ends quietly with 0).
 fn sample(args: SampleArgs) -> Result<ExitCode> {
     use nucleus_cli::sample::{run_jsonl, run_safetensors, Options, RunError};
     let options = Options { dist: args.dist };
@@ -263,8 +279,8 @@ fn sample(args: SampleArgs) -> Result<ExitCode> {
     let mut out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
     let result = match (&args.logits, &args.input) {
         (Some(logits), _) => run_safetensors(logits, args.params.as_deref(), &mut out, &options),
-        (None, Some(path)) => match std::fs::File::open(path) {
-            Ok(file) => run_jsonl(Box::new(file), &mut out, &options),
+        (None, Some(path)) => match open_input(path) {
+            Ok(input) => run_jsonl(input, &mut out, &options),
             Err(e) => Err(RunError::Input(format!(
                 "cannot open {}: {e}",
                 path.display()
@@ -272,16 +288,26 @@ fn sample(args: SampleArgs) -> Result<ExitCode> {
         },
         (None, None) => run_jsonl(Box::new(std::io::stdin()), &mut out, &options),
     };
+    let result = match result {
+        // Answers already written stay valid; make sure they are out before the error.
+        Err(RunError::Input(message)) => out
+            .flush()
+            .map_err(RunError::Output)
+            .and(Err(RunError::Input(message))),
+        other => other,
+    };
     match result {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(RunError::Input(message)) => {
-            // Answers already written stay valid; make sure they are out before the error.
-            out.flush()?;
             eprintln!("error: {message}");
             Ok(ExitCode::from(2))
         }
-        // BrokenPipe ends quietly in main, as for `generate`.
-        Err(RunError::Output(e)) => Err(e.into()),
+        // A closed pipe ends quietly in main, as for `generate`.
+        Err(RunError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        Err(RunError::Output(e)) => {
+            eprintln!("error: writing the output: {e}");
+            Ok(ExitCode::FAILURE)
+        }
     }
 }
 

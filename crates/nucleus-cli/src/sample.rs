@@ -3,7 +3,7 @@
 //!
 //! # Input
 //!
-//! JSON lines (a file, or stdin), one row each:
+//! JSON lines (a file, or stdin: no `--input`, or `--input -`), one row each:
 //!
 //! ```json
 //! {"logits": [1.5, "-inf", 0.2], "params": {"temperature": 0.7, "top_p": 0.9, "seed": 42},
@@ -13,23 +13,28 @@
 //!
 //! - exactly one of `logits` and `probs` (non-negative weights, see
 //!   [`nucleus_sampling::InputKind::Probs`]); numbers may be the strings `"-inf"`, `"inf"`,
-//!   `"nan"`; values are rounded to f32.
+//!   `"nan"` ([`input::Lenient`]); values are rounded to f32, and a finite number beyond the
+//!   f32 range is an `invalid_row` error naming its index ([`input::Row`]).
 //! - at most one of `params` ([`input::ParamsInput`]: [`nucleus_sampling::SamplingParams`]
 //!   fields by name, all optional and off by default, temperature 1) and `chain` (a list of
 //!   [`nucleus_sampling::ProcessorConfig`], ending in `sample` or `greedy`); neither is the
 //!   default parameters. A chain is built per row, reset with `prompt_ids`, told each id of
 //!   `output_ids` (`accept`), then sampled; it takes logits only.
-//! - `prompt_ids`, `output_ids`: context for penalties and bad words (default empty).
+//! - `prompt_ids`, `output_ids` (default empty): the repetition penalty counts both; the
+//!   frequency and presence penalties, bad words and `min_tokens` read `output_ids` only.
 //! - `position`: default `prompt_ids.len() + output_ids.len()`, the index of the token being
 //!   chosen in the whole sequence (the Philox counter).
 //! - `eos_token_ids` and `stop_token_ids`: together they are
 //!   [`nucleus_sampling::SampleRequest::stop_token_ids`], banned while `output_ids` is shorter
-//!   than `min_tokens`.
+//!   than `min_tokens`. Each list is checked against `vocab_size` here, before they are
+//!   merged, so that a `token_id_out_of_range` error names the list the id is in.
 //! - `vocab_size`: default the row length; may be smaller (ids at or above it are padding and
 //!   never candidates); 0 or above the row length is an `invalid_row` error.
 //!
-//! Unknown fields are an error (`invalid_row`), so a misspelt parameter is never ignored.
-//! Empty lines (only whitespace) are skipped and get no answer.
+//! `null` is a field left out. Unknown fields are an error (`invalid_row`), so a misspelt
+//! parameter is never ignored; an `invalid_row` message starts with the JSON path of the bad
+//! value (`params.n: ...`, `chain[0].sample.n: ...`). Lines that [`str::trim`] leaves empty are
+//! skipped and get no answer; a UTF-8 byte order mark at the start of the input is ignored.
 //!
 //! # Output
 //!
@@ -45,6 +50,8 @@
 //! asked for (processed when `logprobs` was not asked); `top_logprobs` one list per sampled
 //! token (the same list `n` times, OpenAI's per-token shape; `[]` when not asked); `seed` the
 //! seed used, an exact u64; `dist` (with `--dist`) the final distribution over the whole row.
+//! A row whose `top_logprobs` would hold more than [`output::MAX_TOP_LOGPROBS`] entries
+//! (`n × logprobs`) is an `invalid_params` error instead.
 //! `-inf` is written as the string `"-inf"`.
 //!
 //! # Safetensors
@@ -70,7 +77,7 @@ use std::sync::mpsc;
 
 use nucleus_sampling::{
     distribution, distribution_from_probs, sample_batch, sample_row, sample_row_from_probs,
-    ChainError, LogitValue, LogitsView, ProcessorContext, SampleRequest, SamplerChain,
+    ChainError, LogitValue, LogitsView, ProcessorContext, SampleError, SampleRequest, SamplerChain,
     SamplingParams,
 };
 use rayon::prelude::*;
@@ -108,23 +115,81 @@ impl From<io::Error> for RunError {
     }
 }
 
+/// Why a JSON text is not the value wanted ([`from_json`]).
+#[derive(Debug)]
+pub(crate) enum JsonError {
+    /// Not one JSON value: serde_json's message.
+    Syntax(serde_json::Error),
+    /// JSON, but not of the wanted shape (a wrong or unknown field, a wrong type): the
+    /// message, led by the JSON path of the bad value (`params.n: invalid value: ...`).
+    Shape(String),
+}
+
+/// Reads `text` as one JSON value of type `T`, telling a text that is not JSON from JSON of the
+/// wrong shape, whose message names the path of the bad value.
+pub(crate) fn from_json<T: serde::de::DeserializeOwned>(text: &[u8]) -> Result<T, JsonError> {
+    let mut de = serde_json::Deserializer::from_slice(text);
+    match serde_path_to_error::deserialize::<_, T>(&mut de) {
+        Ok(value) => de.end().map(|()| value).map_err(JsonError::Syntax),
+        // serde_json stops at the first error, which may be a type error before a syntax
+        // error further on (or a syntax-like error in valid JSON, such as a logit_bias key
+        // that is not a number): the text is of the wrong shape only if the whole of it is JSON.
+        Err(e) => match serde_json::from_slice::<serde::de::IgnoredAny>(text) {
+            Ok(_) => Err(JsonError::Shape(path_message(&e))),
+            Err(syntax) => Err(JsonError::Syntax(syntax)),
+        },
+    }
+}
+
+/// `path: message` for a value of the wrong shape. The position serde_json adds ("at line 1
+/// column 47") is left out when there is a path, which says more; without one (the value at
+/// the top is wrong) the message is serde_json's.
+fn path_message(e: &serde_path_to_error::Error<serde_json::Error>) -> String {
+    let inner = e.inner();
+    let full = inner.to_string();
+    let unknown =
+        |s: &serde_path_to_error::Segment| matches!(s, serde_path_to_error::Segment::Unknown);
+    if e.path().iter().all(unknown) {
+        return full;
+    }
+    let position = format!(" at line {} column {}", inner.line(), inner.column());
+    let message = full.strip_suffix(&position).unwrap_or(&full);
+    format!("{}: {message}", e.path())
+}
+
 /// Parses one line into a row: `invalid_json` when it is not JSON, `invalid_row` when it is
-/// JSON but not a row (wrong or unknown fields, wrong types).
+/// JSON but not a row (wrong or unknown fields, wrong types), with a message that starts with
+/// the JSON path of the bad value (`params.n: ...`, `chain[0].sample.n: ...`).
 pub fn parse_row(line: &[u8]) -> Result<RowInput, RowError> {
-    // JSON is UTF-8; checked up front because skipping over a string (below) does not check it.
-    let line = std::str::from_utf8(line)
+    // JSON is UTF-8; checked up front because skipping over a string does not check it.
+    std::str::from_utf8(line)
         .map_err(|e| RowError::invalid_json(format!("not valid JSON: not UTF-8 ({e})")))?;
-    serde_json::from_str::<Object<RowInput>>(line)
-        .map(|Object(row)| row)
-        .map_err(|e| {
-            // serde_json stops at the first error, which may be a type error before a syntax
-            // error further on (or a syntax-like error in valid JSON, such as a logit_bias key
-            // that is not a number): the line is a bad row only if the whole of it is JSON.
-            match serde_json::from_str::<serde::de::IgnoredAny>(line) {
-                Ok(_) => RowError::invalid_row(e.to_string()),
-                Err(syntax) => RowError::invalid_json(format!("not valid JSON: {syntax}")),
+    match from_json::<Object<RowInput>>(line) {
+        Ok(Object(row)) => Ok(row),
+        Err(JsonError::Shape(message)) => Err(RowError::invalid_row(message)),
+        Err(JsonError::Syntax(e)) => Err(RowError::invalid_json(format!("not valid JSON: {e}"))),
+    }
+}
+
+/// The first id of the row's context (`prompt_ids`, `output_ids`, `eos_token_ids`,
+/// `stop_token_ids`, in this order) that is not below `vocab_size`, as a
+/// `token_id_out_of_range` error naming its own field. The sampler sees eos and stop ids as
+/// one list and would name both `stop_token_ids`, so they are checked here, before merging.
+fn check_context_ids(
+    fields: [(&'static str, &[u32]); 4],
+    vocab_size: usize,
+) -> Result<(), RowError> {
+    for (field, ids) in fields {
+        if let Some(&token_id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
+            return Err(SampleError::TokenIdOutOfRange {
+                field,
+                token_id,
+                vocab_size,
             }
-        })
+            .into());
+        }
+    }
+    Ok(())
 }
 
 /// Samples one row, and computes its distribution when `options.dist` is set.
@@ -135,8 +200,11 @@ pub fn parse_row(line: &[u8]) -> Result<RowInput, RowError> {
 /// sampler's error for the row.
 pub fn answer_row(row: RowInput, options: &Options) -> Result<Answer, RowError> {
     let (values, probs) = match (row.logits, row.probs) {
-        (Some(l), None) => (l.0, false),
-        (None, Some(p)) => (p.0, true),
+        (Some(l), None) => (
+            l.check_range("logits").map_err(RowError::invalid_row)?,
+            false,
+        ),
+        (None, Some(p)) => (p.check_range("probs").map_err(RowError::invalid_row)?, true),
         (Some(_), Some(_)) => {
             return Err(RowError::invalid_row(
                 "both `logits` and `probs` given: give one of them",
@@ -167,8 +235,16 @@ pub fn answer_row(row: RowInput, options: &Options) -> Result<Answer, RowError> 
     let position = row
         .position
         .unwrap_or((prompt_ids.len() + output_ids.len()) as u64);
-    let mut stop_ids = row.eos_token_ids.unwrap_or_default();
-    stop_ids.extend(row.stop_token_ids.unwrap_or_default());
+    let eos_ids = row.eos_token_ids.unwrap_or_default();
+    let stop_token_ids = row.stop_token_ids.unwrap_or_default();
+    let context_ids = [
+        ("prompt_ids", &prompt_ids[..]),
+        ("output_ids", &output_ids[..]),
+        ("eos_token_ids", &eos_ids[..]),
+        ("stop_token_ids", &stop_token_ids[..]),
+    ];
+    let mut stop_ids = eos_ids.clone();
+    stop_ids.extend_from_slice(&stop_token_ids);
 
     let params = match (row.params, row.chain) {
         (Some(_), Some(_)) => {
@@ -183,6 +259,7 @@ pub fn answer_row(row: RowInput, options: &Options) -> Result<Answer, RowError> 
                 ));
             }
             let mut chain = SamplerChain::from_config(&chain).map_err(chain_error)?;
+            check_context_ids(context_ids, vocab_size)?;
             // The penalties learn the sequence from reset and accept, not from the context.
             chain.reset(&prompt_ids);
             for &token in &output_ids {
@@ -191,6 +268,7 @@ pub fn answer_row(row: RowInput, options: &Options) -> Result<Answer, RowError> 
             let ctx = ProcessorContext::new(&prompt_ids, &output_ids, position)
                 .with_stop_token_ids(&stop_ids);
             let sampled = chain.sample(candidates, &ctx, 0)?;
+            output::check_top_logprobs(&sampled)?;
             let dist = match options.dist {
                 true => Some(chain.distribution(candidates, &ctx)?),
                 false => None,
@@ -200,10 +278,14 @@ pub fn answer_row(row: RowInput, options: &Options) -> Result<Answer, RowError> 
         (Some(Object(p)), None) => p.to_params(),
         (None, None) => SamplingParams::default(),
     };
+    // The sampler checks the parameters before the ids; so does this path.
+    params.validate().map_err(SampleError::InvalidParams)?;
+    check_context_ids(context_ids, vocab_size)?;
     let request = SampleRequest::new(&params, &prompt_ids, &output_ids, position)
         .with_stop_token_ids(&stop_ids);
     let (sampled, dist) = if probs {
         let sampled = sample_row_from_probs(candidates, &request)?;
+        output::check_top_logprobs(&sampled)?;
         let dist = match options.dist {
             true => Some(distribution_from_probs(candidates, &request)?),
             false => None,
@@ -211,6 +293,7 @@ pub fn answer_row(row: RowInput, options: &Options) -> Result<Answer, RowError> 
         (sampled, dist)
     } else {
         let sampled = sample_row(candidates, &request)?;
+        output::check_top_logprobs(&sampled)?;
         let dist = match options.dist {
             true => Some(distribution(candidates, &request)?),
             false => None,
@@ -244,10 +327,14 @@ pub fn answer_line(line: &[u8], options: &Options) -> Vec<u8> {
     output::line(&parse_row(line).and_then(|row| answer_row(row, options)))
 }
 
-/// Whether a line holds nothing but whitespace (such lines get no answer).
+/// Whether a line holds nothing but whitespace, as [`str::trim`] sees it (Unicode
+/// White_Space: also `\v`, `\f`, U+00A0, U+2003, ...). Such lines get no answer.
 fn is_blank(line: &[u8]) -> bool {
-    line.iter().all(u8::is_ascii_whitespace)
+    std::str::from_utf8(line).is_ok_and(|l| l.trim().is_empty())
 }
+
+/// The UTF-8 byte order mark, stripped from the start of the input (Windows editors write it).
+const BOM: &[u8] = b"\xEF\xBB\xBF";
 
 /// Answers every line of `input` (JSON lines) on `out`, in input order, one line per
 /// non-blank input line; see the module docs. Reading happens on a thread of its own, so
@@ -266,9 +353,17 @@ pub fn run_jsonl(
     // for input; the process exit ends it.
     std::thread::spawn(move || {
         let mut reader = BufReader::with_capacity(1 << 20, input);
+        let mut first = true;
         loop {
             let mut line = Vec::new();
-            match reader.read_until(b'\n', &mut line) {
+            let read = reader.read_until(b'\n', &mut line);
+            if first && read.as_ref().is_ok_and(|&n| n > 0) {
+                first = false;
+                if line.starts_with(BOM) {
+                    line.drain(..BOM.len());
+                }
+            }
+            match read {
                 Ok(0) => return,
                 Ok(_) if is_blank(&line) => continue,
                 Ok(_) => {
@@ -345,10 +440,14 @@ pub fn run_safetensors(
         Ok(Some(ParamsFile::One(p))) => vec![p.to_params(); tensor.batch],
         Ok(Some(ParamsFile::PerRow(list))) => {
             if list.len() != tensor.batch {
+                let plural = |n: usize, word: &str| match n {
+                    1 => format!("1 {word}"),
+                    n => format!("{n} {word}s"),
+                };
                 return Err(RunError::Input(format!(
-                    "--params holds {} objects for {} rows of logits: give one object, or one per row",
-                    list.len(),
-                    tensor.batch
+                    "--params holds {} for {} of logits: give one object, or one per row",
+                    plural(list.len(), "object"),
+                    plural(tensor.batch, "row")
                 )));
             }
             list.iter().map(|p| p.to_params()).collect()
@@ -387,6 +486,7 @@ fn sample_tensor<T: LogitValue>(
         .enumerate()
         .map(|(i, result)| {
             let sampled = result?;
+            output::check_top_logprobs(&sampled)?;
             let dist = if options.dist {
                 let row: Vec<f32> = view.row(i).iter().map(|v| v.to_f32()).collect();
                 Some(distribution(&row, &requests[i])?)

@@ -496,7 +496,7 @@ fn bad_rows_get_named_error_kinds() {
         (
             r#"{"logits": [1, 2, 3], "vocab_size": 2, "eos_token_ids": [2]}"#,
             "token_id_out_of_range",
-            "stop_token_ids",
+            "eos_token_ids holds token id 2, not below vocab_size 2",
         ),
         (
             r#"{"logits": [-1e30, 0], "prompt_ids": [0], "params": {"repetition_penalty": 1e10}}"#,
@@ -836,7 +836,7 @@ fn unusable_input_exits_2() {
             Dtype::F32,
             vec![1, 0],
             Vec::new(),
-            "vocab_size 0",
+            "the logits tensor has 0 columns: at least one token is needed",
         ),
     ];
     for (name, tensor, dtype, shape, bytes, needle) in cases {
@@ -858,7 +858,11 @@ fn unusable_input_exits_2() {
             "2 objects for 3 rows",
         ),
         ("unknown", r#"{"temp": 0}"#, "unknown field `temp`"),
-        ("item", r#"[{}, {}, {"seed": "x"}]"#, "params object 2"),
+        (
+            "item",
+            r#"[{}, {}, {"seed": "x"}]"#,
+            "item.json: [2].seed: invalid type: string \"x\", expected u64\n",
+        ),
         ("number", "5", "params object or a list"),
         ("broken", "{", "not valid JSON"),
     ];
@@ -1011,4 +1015,417 @@ fn bad_chain_rows_get_named_error_kinds() {
             "{line}: {needle:?} not in {message:?}"
         );
     }
+}
+
+// --- limits, messages and input conventions ---
+
+/// The `(kind, message)` of the error answer to one input line.
+fn row_error(line: &str) -> (String, String) {
+    let got = answers(&run(&[], &format!("{line}\n")));
+    assert_eq!(got.len(), 1, "{line}");
+    let Some(kind) = got[0]["error"]["kind"].as_str() else {
+        let answer = got[0].to_string();
+        panic!("not an error: {}", &answer[..answer.len().min(300)]);
+    };
+    let kind = kind.to_owned();
+    let message = got[0]["error"]["message"].as_str().unwrap().to_owned();
+    (kind, message)
+}
+
+fn zeros_row(len: usize) -> String {
+    serde_json::to_string(&vec![0; len]).unwrap()
+}
+
+#[test]
+fn n_times_logprobs_above_the_limit_is_invalid_params() {
+    // 1024 × 1025 = 1049600 entries, one list per sampled token: rejected, on every path.
+    let message = "n × logprobs = 1024 × 1025 = 1049600 top_logprobs entries, more than the \
+                   limit of 1048576 per row (the list of `logprobs` entries is repeated for each \
+                   of the `n` tokens): lower n or logprobs";
+    let logits = zeros_row(1025);
+    let params = format!(r#"{{"logits": {logits}, "params": {{"n": 1024, "logprobs": 1025}}}}"#);
+    assert_eq!(
+        row_error(&params),
+        ("invalid_params".into(), message.into())
+    );
+    let chain = format!(
+        r#"{{"logits": {logits}, "chain": [{{"sample": {{"n": 1024, "logprobs": 1025}}}}]}}"#
+    );
+    assert_eq!(row_error(&chain), ("invalid_params".into(), message.into()));
+    let greedy = format!(
+        r#"{{"logits": {logits}, "chain": [{{"greedy": {{"n": 1024, "logprobs": 1025}}}}]}}"#
+    );
+    assert_eq!(
+        row_error(&greedy),
+        ("invalid_params".into(), message.into())
+    );
+
+    let dir = temp_dir("top-limit");
+    let path = dir.join("wide.safetensors");
+    write_safetensors(
+        &path,
+        &[("logits", Dtype::F32, vec![1, 1025], vec![0; 4 * 1025])],
+    );
+    let params = dir.join("p.json");
+    std::fs::write(&params, r#"{"n": 1024, "logprobs": 1025, "seed": 1}"#).unwrap();
+    let got = answers(&run_tensor(&[
+        "--logits",
+        path.to_str().unwrap(),
+        "--params",
+        params.to_str().unwrap(),
+    ]));
+    assert_eq!(error_kind(&got[0]), "invalid_params");
+    assert_eq!(got[0]["error"]["message"], message);
+
+    // Exactly at the limit: answered, 1024 lists of 1024 entries.
+    let at = format!(
+        r#"{{"logits": {}, "params": {{"n": 1024, "logprobs": 1024, "seed": 3}}}}"#,
+        zeros_row(1024)
+    );
+    let out = run(&[], &format!("{at}\n"));
+    assert!(out.status.success());
+    let line = text(&out.stdout);
+    assert!(line.starts_with("{\"tokens\":["), "{}", &line[..200]);
+    assert_eq!(line.matches("\"id\":").count(), 1 << 20);
+}
+
+#[test]
+fn params_requires_logits_even_with_input() {
+    let dir = temp_dir("params-input");
+    let rows = dir.join("rows.jsonl");
+    std::fs::write(&rows, "{\"logits\": [1, 2]}\n").unwrap();
+    let params = dir.join("p.json");
+    std::fs::write(&params, "{}").unwrap();
+    let out = run_tensor(&[
+        "--input",
+        rows.to_str().unwrap(),
+        "--params",
+        params.to_str().unwrap(),
+    ]);
+    // clap's own message: --params goes with --logits, which --input excludes.
+    assert_exit_2(
+        &out,
+        "the argument '--input <INPUT>' cannot be used with '--params <PARAMS>'",
+    );
+    assert_eq!(text(&out.stdout), "", "no row is answered");
+    // Without --input, the same rule: --params requires --logits.
+    assert_exit_2(
+        &run_tensor(&["--params", params.to_str().unwrap()]),
+        "the following required arguments were not provided:\n  --logits <LOGITS>",
+    );
+}
+
+#[test]
+fn eos_and_stop_ids_out_of_range_name_their_own_field() {
+    let cases = [
+        (
+            r#"{"logits": [1, 2, 3], "eos_token_ids": [7]}"#,
+            "eos_token_ids holds token id 7, not below vocab_size 3",
+        ),
+        (
+            r#"{"logits": [1, 2, 3], "eos_token_ids": [0], "stop_token_ids": [3]}"#,
+            "stop_token_ids holds token id 3, not below vocab_size 3",
+        ),
+        (
+            r#"{"logits": [1, 2, 3], "eos_token_ids": [9], "chain": [{"sample": {}}]}"#,
+            "eos_token_ids holds token id 9, not below vocab_size 3",
+        ),
+        (
+            r#"{"probs": [1, 2, 3], "stop_token_ids": [1, 5]}"#,
+            "stop_token_ids holds token id 5, not below vocab_size 3",
+        ),
+    ];
+    for (line, message) in cases {
+        assert_eq!(
+            row_error(line),
+            ("token_id_out_of_range".into(), message.into()),
+            "{line}"
+        );
+    }
+}
+
+#[test]
+fn duplicate_logit_bias_ids_are_invalid_rows() {
+    for (line, message) in [
+        (
+            r#"{"logits": [1, 2], "params": {"logit_bias": {"1": 5, "1": -5}}}"#,
+            "params.logit_bias: token id 1 appears more than once",
+        ),
+        (
+            r#"{"logits": [1, 2, 3], "params": {"logit_bias": {"2": 1, "0": 1, "2": 3}}}"#,
+            "params.logit_bias: token id 2 appears more than once",
+        ),
+    ] {
+        assert_eq!(row_error(line), ("invalid_row".into(), message.into()));
+    }
+    let dir = temp_dir("dup-bias");
+    let good = dir.join("good.safetensors");
+    write_safetensors(
+        &good,
+        &[("logits", Dtype::F32, vec![3, 5], logits_bytes(Dtype::F32))],
+    );
+    let params = dir.join("p.json");
+    std::fs::write(&params, r#"{"logit_bias": {"2": 1, "2": 1}}"#).unwrap();
+    assert_exit_2(
+        &run_tensor(&[
+            "--logits",
+            good.to_str().unwrap(),
+            "--params",
+            params.to_str().unwrap(),
+        ]),
+        "logit_bias: token id 2 appears more than once",
+    );
+}
+
+#[test]
+fn invalid_row_messages_start_with_the_json_path() {
+    let cases = [
+        (
+            r#"{"logits": [1], "params": {"n": -1}}"#,
+            "params.n: invalid value: integer `-1`, expected usize",
+        ),
+        (
+            r#"{"logits": [1], "params": {"seed": "x"}}"#,
+            "params.seed: invalid type: string \"x\", expected u64",
+        ),
+        (
+            r#"{"logits": [1], "params": {"logit_bias": {"1": "big"}}}"#,
+            "params.logit_bias.1: invalid value: string \"big\", expected a number, or one of \
+             the strings \"inf\", \"-inf\", \"nan\"",
+        ),
+        (
+            r#"{"logits": [1, "big"]}"#,
+            "logits[1]: invalid value: string \"big\", expected a number, or one of the \
+             strings \"inf\", \"-inf\", \"nan\"",
+        ),
+        (
+            r#"{"logits": [1], "output_ids": [0, -2]}"#,
+            "output_ids[1]: invalid value: integer `-2`, expected u32",
+        ),
+        (
+            r#"{"logits": [1, 2], "chain": [{"top_k": {"k": 1}}, {"sample": {"n": -1}}]}"#,
+            "chain[1].sample.n: invalid value: integer `-1`, expected usize",
+        ),
+        (
+            r#"{"logits": [1, 2], "chain": [{"temperature": {"t": "hot"}}, {"sample": {}}]}"#,
+            "chain[0].temperature.t: invalid value: string \"hot\", expected a number, or one \
+             of the strings \"inf\", \"-inf\", \"nan\"",
+        ),
+    ];
+    for (line, message) in cases {
+        assert_eq!(
+            row_error(line),
+            ("invalid_row".into(), message.into()),
+            "{line}"
+        );
+    }
+    // An unknown field is named with its place.
+    let (kind, message) = row_error(r#"{"logits": [1], "params": {"topk": 5}}"#);
+    assert_eq!(kind, "invalid_row");
+    assert!(
+        message.starts_with("params.topk: unknown field `topk`, expected one of `temperature`"),
+        "{message}"
+    );
+    let (_, message) = row_error(r#"{"logits": [1], "chain": [{"sample": {"sed": 1}}]}"#);
+    assert!(
+        message.starts_with("chain[0].sample.sed: unknown field `sed`"),
+        "{message}"
+    );
+}
+
+#[test]
+fn finite_numbers_beyond_f32_are_invalid_rows() {
+    let cases = [
+        (
+            r#"{"logits": [1e39, 0]}"#,
+            "logits[0] = 1e39 is outside the f32 range (about ±3.4e38)",
+        ),
+        (
+            r#"{"logits": [0, -1e39]}"#,
+            "logits[1] = -1e39 is outside the f32 range (about ±3.4e38)",
+        ),
+        (
+            r#"{"logits": [0, 1, 3.5e38], "params": {"temperature": 0}}"#,
+            "logits[2] = 3.5e38 is outside the f32 range (about ±3.4e38)",
+        ),
+        (
+            r#"{"probs": [1, 2e300]}"#,
+            "probs[1] = 2e300 is outside the f32 range (about ±3.4e38)",
+        ),
+    ];
+    for (line, message) in cases {
+        assert_eq!(
+            row_error(line),
+            ("invalid_row".into(), message.into()),
+            "{line}"
+        );
+    }
+    // The largest f32 is still a logit; the strings keep their meaning.
+    let a = sample_one(
+        &[],
+        json!({"logits": [0, 3.4028235e38], "params": {"temperature": 0}}),
+    );
+    assert_eq!(tokens(&a), [1]);
+    assert_eq!(
+        row_error(r#"{"logits": ["inf", 0]}"#).0,
+        "non_finite_logits"
+    );
+    let masked = sample_one(
+        &["--dist"],
+        json!({"logits": ["-inf", 0], "params": {"seed": 1}}),
+    );
+    assert_eq!(nums(&masked["dist"]), [0.0, 1.0]);
+}
+
+#[test]
+fn lenient_number_strings_and_null_are_read_as_documented() {
+    // Case-insensitive, optional sign, surrounding whitespace.
+    let a = sample_one(
+        &["--dist"],
+        json!({"logits": ["-Infinity", " -INF ", "-inf", 0], "params": {"seed": 1}}),
+    );
+    assert_eq!(nums(&a["dist"]), [0.0, 0.0, 0.0, 1.0]);
+    for s in ["+inf", "Infinity", " +INFINITY", "NaN", "-nan", "+nan"] {
+        let row = json!({"logits": [0, s]});
+        assert_eq!(row_error(&row.to_string()).0, "non_finite_logits", "{s:?}");
+    }
+    for s in ["infinite", "-+inf", "1e3", ""] {
+        let row = json!({"logits": [0, s]});
+        assert_eq!(row_error(&row.to_string()).0, "invalid_row", "{s:?}");
+    }
+    // null is the field absent.
+    let b = sample_one(
+        &[],
+        json!({"logits": [1, 3, 2], "params": {"temperature": 0, "top_k": null, "seed": null},
+               "prompt_ids": null, "vocab_size": null, "chain": null}),
+    );
+    assert_eq!(tokens(&b), [1]);
+    let c = sample_one(&[], json!({"logits": [1, 3, 2], "params": null}));
+    assert_eq!(c["num_candidates"], 3);
+}
+
+#[test]
+fn a_token_104_nats_below_the_maximum_has_weight_0() {
+    let a = sample_one(
+        &["--dist"],
+        json!({"logits": [0, -105, -100], "params": {"seed": 1}}),
+    );
+    assert_eq!(a["num_candidates"], 2);
+    assert_eq!(nums(&a["dist"])[1], 0.0);
+    assert!(nums(&a["dist"])[2] > 0.0);
+}
+
+#[test]
+fn a_safetensors_tensor_without_columns_is_unusable() {
+    let dir = temp_dir("no-columns");
+    let path = dir.join("empty.safetensors");
+    write_safetensors(&path, &[("logits", Dtype::F32, vec![3, 0], Vec::new())]);
+    let out = run_tensor(&["--logits", path.to_str().unwrap()]);
+    assert_exit_2(
+        &out,
+        "the logits tensor has 0 columns: at least one token is needed",
+    );
+    assert!(
+        !text(&out.stderr).contains("vocab_size"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn a_params_list_for_a_tensor_without_rows_says_1_object() {
+    let dir = temp_dir("no-rows");
+    let path = dir.join("empty.safetensors");
+    write_safetensors(&path, &[("logits", Dtype::F32, vec![0, 5], Vec::new())]);
+    let params = dir.join("p.json");
+    std::fs::write(&params, "[{}]").unwrap();
+    let out = run_tensor(&[
+        "--logits",
+        path.to_str().unwrap(),
+        "--params",
+        params.to_str().unwrap(),
+    ]);
+    assert_exit_2(&out, "--params holds 1 object for 0 rows of logits");
+    // Without --params, no rows: no answers.
+    let out = run_tensor(&["--logits", path.to_str().unwrap()]);
+    assert_eq!(answers(&out).len(), 0);
+    let one_row = dir.join("one.safetensors");
+    write_safetensors(
+        &one_row,
+        &[(
+            "logits",
+            Dtype::F32,
+            vec![1, 5],
+            logits_bytes(Dtype::F32)[..20].to_vec(),
+        )],
+    );
+    std::fs::write(&params, "[{}, {}]").unwrap();
+    assert_exit_2(
+        &run_tensor(&[
+            "--logits",
+            one_row.to_str().unwrap(),
+            "--params",
+            params.to_str().unwrap(),
+        ]),
+        "--params holds 2 objects for 1 row of logits",
+    );
+}
+
+#[test]
+fn a_write_error_exits_1_and_says_it_was_writing() {
+    let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
+        eprintln!("no /dev/full here: skipped");
+        return;
+    };
+    let mut child = nucleus()
+        .arg("sample")
+        .stdin(Stdio::piped())
+        .stdout(full)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"{\"logits\": [1, 3, 2]}\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        text(&out.stderr),
+        "error: writing the output: No space left on device (os error 28)\n"
+    );
+}
+
+#[test]
+fn input_dash_is_stdin_and_a_directory_is_named() {
+    let got = answers(&run(
+        &["--input", "-"],
+        "{\"logits\": [1, 3, 2], \"params\": {\"temperature\": 0}}\n",
+    ));
+    assert_eq!(got.len(), 1);
+    assert_eq!(tokens(&got[0]), [1]);
+    let dir = temp_dir("input-dir");
+    let dir = dir.to_str().unwrap();
+    assert_exit_2(
+        &run_tensor(&["--input", dir]),
+        &format!("cannot open {dir}: is a directory"),
+    );
+}
+
+#[test]
+fn lines_that_trim_to_nothing_are_skipped_and_a_bom_is_stripped() {
+    let row = "{\"logits\": [1, 3, 2], \"params\": {\"temperature\": 0}}";
+    let input = format!("\u{feff}{row}\n\x0b\n\u{a0}\n\x0c\r\n \t \u{2003}\n\u{feff}\n{row}\r\n\n");
+    let got = answers(&run(&[], &input));
+    // The BOM of the first line is stripped; one on a later line is not whitespace.
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert_eq!(tokens(&got[0]), [1]);
+    assert_eq!(error_kind(&got[1]), "invalid_json");
+    assert_eq!(tokens(&got[2]), [1]);
+    // A first line that is only a BOM is blank.
+    let got = answers(&run(&[], &format!("\u{feff}\n{row}\n")));
+    assert_eq!(got.len(), 1);
+    assert_eq!(tokens(&got[0]), [1]);
 }

@@ -52,32 +52,97 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
     }
 }
 
-/// A row of values (`logits` or `probs`) as f32: each a JSON number (rounded to the nearest f32;
-/// beyond the f32 range it becomes ±inf) or `"-inf"`, `"inf"`, `"nan"` ([`Lenient`]).
+/// A row of values (`logits` or `probs`) as f32: each a JSON number (rounded to the nearest f32)
+/// or `"-inf"`, `"inf"`, `"nan"` ([`Lenient`]).
+///
+/// A finite number that rounds beyond the f32 range (magnitude above about 3.4e38) has no f32
+/// value: the first one is kept in `beyond_f32` (its index and value), and the row is an
+/// `invalid_row` error that names the field ([`Row::check_range`]), never a silent ±inf.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Row(pub Vec<f32>);
+pub struct Row {
+    /// The values, rounded to f32.
+    pub values: Vec<f32>,
+    /// The first finite value whose f32 rounding is infinite: (index, value).
+    pub beyond_f32: Option<(usize, f64)>,
+}
+
+impl Row {
+    /// The values, or an `invalid_row` message naming `field`, the index and the value of the
+    /// first finite number outside the f32 range.
+    ///
+    /// # Errors
+    /// `"logits[0] = 1e39 is outside the f32 range (about ±3.4e38)"`.
+    pub fn check_range(self, field: &str) -> Result<Vec<f32>, String> {
+        match self.beyond_f32 {
+            None => Ok(self.values),
+            Some((i, v)) => Err(format!(
+                "{field}[{i}] = {v:e} is outside the f32 range (about ±3.4e38)"
+            )),
+        }
+    }
+}
 
 impl<'de> Deserialize<'de> for Row {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct RowVisitor;
 
         impl<'de> Visitor<'de> for RowVisitor {
-            type Value = Vec<f32>;
+            type Value = Row;
 
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str(r#"a list of numbers (or "-inf", "inf", "nan")"#)
             }
 
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<f32>, A::Error> {
-                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Row, A::Error> {
+                let mut values = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+                let mut beyond_f32 = None;
                 while let Some(Lenient(v)) = seq.next_element()? {
-                    out.push(v as f32);
+                    let rounded = v as f32;
+                    if beyond_f32.is_none() && v.is_finite() && rounded.is_infinite() {
+                        beyond_f32 = Some((values.len(), v));
+                    }
+                    values.push(rounded);
                 }
-                Ok(out)
+                Ok(Row { values, beyond_f32 })
             }
         }
 
-        deserializer.deserialize_seq(RowVisitor).map(Row)
+        deserializer.deserialize_seq(RowVisitor)
+    }
+}
+
+/// A `logit_bias` object, `{"<token id>": bias}`, in which every id appears once: a repeated
+/// id (`{"1": 5, "1": -5}`, also `{"1": 5, "01": -5}`) is an error naming it, never "the last
+/// one wins".
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct BiasMap(pub BTreeMap<u32, f64>);
+
+impl<'de> Deserialize<'de> for BiasMap {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct BiasVisitor;
+
+        impl<'de> Visitor<'de> for BiasVisitor {
+            type Value = BiasMap;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(r#"an object {"<token id>": bias}"#)
+            }
+
+            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<BiasMap, A::Error> {
+                let mut out = BTreeMap::new();
+                while let Some(id) = map.next_key::<u32>()? {
+                    let Lenient(bias) = map.next_value()?;
+                    if out.insert(id, bias).is_some() {
+                        return Err(de::Error::custom(format_args!(
+                            "token id {id} appears more than once"
+                        )));
+                    }
+                }
+                Ok(BiasMap(out))
+            }
+        }
+
+        deserializer.deserialize_map(BiasVisitor)
     }
 }
 
@@ -94,7 +159,8 @@ pub enum KindInput {
 /// A `params` object: [`SamplingParams`] fields by their snake_case names, every one optional
 /// and off when absent or `null` (temperature 1).
 ///
-/// `logit_bias` is an OpenAI-style object `{"<token id>": bias}`; `bad_words` a list of id
+/// `logit_bias` is an OpenAI-style object `{"<token id>": bias}`, each id once ([`BiasMap`]);
+/// `bad_words` a list of id
 /// lists; `seed` a u64, exact over its whole range (JSON integers are read without going
 /// through f64).
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -107,7 +173,7 @@ pub struct ParamsInput {
     repetition_penalty: Option<Lenient>,
     presence_penalty: Option<Lenient>,
     frequency_penalty: Option<Lenient>,
-    logit_bias: Option<BTreeMap<u32, Lenient>>,
+    logit_bias: Option<BiasMap>,
     allowed_token_ids: Option<Vec<u32>>,
     bad_words: Option<Vec<Vec<u32>>>,
     min_tokens: Option<usize>,
@@ -134,10 +200,8 @@ impl ParamsInput {
             frequency_penalty: f(self.frequency_penalty, d.frequency_penalty),
             logit_bias: self
                 .logit_bias
-                .iter()
-                .flatten()
-                .map(|(&id, &Lenient(b))| (id, b))
-                .collect(),
+                .as_ref()
+                .map_or_else(BTreeMap::new, |b| b.0.clone()),
             allowed_token_ids: self.allowed_token_ids.clone(),
             bad_words: self.bad_words.clone().unwrap_or_default(),
             min_tokens: self.min_tokens.unwrap_or(d.min_tokens),

@@ -87,6 +87,33 @@ impl Answer {
     }
 }
 
+/// The most `top_logprobs` entries one answer may hold: `n × logprobs`, since the list of
+/// `logprobs` entries is written once per sampled token. (1024 × 151936 would be 6.7 GB of
+/// JSON for one row.)
+pub const MAX_TOP_LOGPROBS: usize = 1 << 20;
+
+/// Checks that the answer for `output` holds at most [`MAX_TOP_LOGPROBS`] `top_logprobs`
+/// entries.
+///
+/// # Errors
+/// `invalid_params` naming `n`, `logprobs` and the limit.
+pub fn check_top_logprobs(output: &SampleOutput) -> Result<(), RowError> {
+    let n = 1 + output.extra_samples.len();
+    let logprobs = output.logprobs.as_ref().map_or(0, |l| l.top.len());
+    let entries = n.saturating_mul(logprobs);
+    if entries <= MAX_TOP_LOGPROBS {
+        return Ok(());
+    }
+    Err(RowError {
+        kind: "invalid_params",
+        message: format!(
+            "n × logprobs = {n} × {logprobs} = {entries} top_logprobs entries, more than the \
+             limit of {MAX_TOP_LOGPROBS} per row (the list of `logprobs` entries is repeated \
+             for each of the `n` tokens): lower n or logprobs"
+        ),
+    })
+}
+
 /// Why a row got no answer: `kind` is a stable snake_case name, `message` says what was wrong.
 ///
 /// Kinds: the [`SampleError`] variants (`non_finite_logits`, `invalid_probability`,

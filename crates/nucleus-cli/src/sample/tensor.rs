@@ -1,12 +1,16 @@
 //! `--logits FILE.safetensors` and `--params FILE.json`: a `[batch, vocab]` logits tensor and
 //! the parameters of its rows.
 
+use std::fmt;
 use std::path::Path;
 
 use half::{bf16, f16};
 use safetensors::{Dtype, SafeTensors};
+use serde::de::{self, Deserializer, Visitor};
+use serde::Deserialize;
 
 use super::input::{Object, ParamsInput};
+use super::{from_json, JsonError};
 
 /// The `logits` tensor, copied out of the file into a vector of its own element type (the
 /// file's bytes carry no alignment guarantee, so they are never reinterpreted in place).
@@ -35,7 +39,7 @@ pub struct LogitsTensor {
 ///
 /// # Errors
 /// A message when the file cannot be read or parsed, has no tensor named `logits`, or that
-/// tensor is not of rank 2, or not f32, f16 or bf16.
+/// tensor is not of rank 2, has no columns, or is not f32, f16 or bf16.
 pub fn read_logits(path: &Path) -> Result<LogitsTensor, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let file = SafeTensors::deserialize(&bytes)
@@ -60,6 +64,12 @@ pub fn read_logits(path: &Path) -> Result<LogitsTensor, String> {
             tensor.shape()
         ));
     };
+    if vocab == 0 {
+        return Err(format!(
+            "{}: the logits tensor has 0 columns: at least one token is needed",
+            path.display()
+        ));
+    }
     let raw = tensor.data();
     let width = match tensor.dtype() {
         Dtype::F32 => 4,
@@ -103,32 +113,46 @@ pub enum ParamsFile {
     PerRow(Vec<ParamsInput>),
 }
 
-/// Reads `--params FILE.json`.
+impl<'de> Deserialize<'de> for ParamsFile {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct FileVisitor;
+
+        impl<'de> Visitor<'de> for FileVisitor {
+            type Value = ParamsFile;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a params object or a list of them")
+            }
+
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<ParamsFile, A::Error> {
+                ParamsInput::deserialize(de::value::MapAccessDeserializer::new(map))
+                    .map(|p| ParamsFile::One(Box::new(p)))
+            }
+
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<ParamsFile, A::Error> {
+                let mut list = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+                while let Some(Object(p)) = seq.next_element::<Object<ParamsInput>>()? {
+                    list.push(p);
+                }
+                Ok(ParamsFile::PerRow(list))
+            }
+        }
+
+        deserializer.deserialize_any(FileVisitor)
+    }
+}
+
+/// Reads `--params FILE.json`. The file is read as it is written (not through a JSON value,
+/// which would keep only the last of two equal `logit_bias` keys); a wrong field is named by
+/// its JSON path (`[2].seed: ...` for the third object of a list).
 ///
 /// # Errors
 /// A message when the file cannot be read, is not JSON, or is not an object or a list of
 /// objects of [`ParamsInput`] fields.
 pub fn read_params(path: &Path) -> Result<ParamsFile, String> {
     let text = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let value: serde_json::Value = serde_json::from_slice(&text)
-        .map_err(|e| format!("{} is not valid JSON: {e}", path.display()))?;
-    match value {
-        serde_json::Value::Array(items) => items
-            .into_iter()
-            .enumerate()
-            .map(|(i, item)| {
-                serde_json::from_value(item)
-                    .map(|Object(p)| p)
-                    .map_err(|e| format!("{}: params object {i}: {e}", path.display()))
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map(ParamsFile::PerRow),
-        value @ serde_json::Value::Object(_) => serde_json::from_value(value)
-            .map(|Object(p)| ParamsFile::One(Box::new(p)))
-            .map_err(|e| format!("{}: {e}", path.display())),
-        _ => Err(format!(
-            "{} must hold a params object or a list of them",
-            path.display()
-        )),
-    }
+    from_json::<ParamsFile>(&text).map_err(|e| match e {
+        JsonError::Syntax(e) => format!("{} is not valid JSON: {e}", path.display()),
+        JsonError::Shape(message) => format!("{}: {message}", path.display()),
+    })
 }
