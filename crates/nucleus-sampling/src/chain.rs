@@ -1854,12 +1854,33 @@ pub mod lenient_f64_map {
     /// Reads the map with [`super::lenient_f64`] values.
     ///
     /// # Errors
-    /// A key that is not a u32, or a value [`super::lenient_f64::deserialize`] rejects.
+    /// A key that is not a u32, a token id given twice (never silently one of them), or a
+    /// value [`super::lenient_f64::deserialize`] rejects.
     pub fn deserialize<'de, D: Deserializer<'de>>(
         deserializer: D,
     ) -> Result<BTreeMap<u32, f64>, D::Error> {
-        let wrapped = BTreeMap::<u32, LenientF64>::deserialize(deserializer)?;
-        Ok(wrapped.into_iter().map(|(k, v)| (k, v.0)).collect())
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = BTreeMap<u32, f64>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object of token id -> bias")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut access: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut map = BTreeMap::new();
+                while let Some((id, bias)) = access.next_entry::<u32, LenientF64>()? {
+                    if map.insert(id, bias.0).is_some() {
+                        return Err(serde::de::Error::custom(format!(
+                            "token id {id} appears more than once"
+                        )));
+                    }
+                }
+                Ok(map)
+            }
+        }
+        deserializer.deserialize_map(Visitor)
     }
 }
 

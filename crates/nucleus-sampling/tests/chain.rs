@@ -1144,6 +1144,13 @@ fn config_errors_are_typed() {
     assert!(parse(r#"[{"sample": {"logprobs_kind": "cooked"}}]"#).is_err());
     assert!(parse(r#"[{"temperature": {"t": "warm"}}, {"greedy": {}}]"#).is_err());
     assert!(parse(r#"[{"logit_bias": {"bias": {"x": 1}}}, {"greedy": {}}]"#).is_err());
+    // A token id given twice is an error, not the last value silently.
+    let dup = parse(r#"[{"logit_bias": {"bias": {"1": 5, "1": -5}}}, {"greedy": {}}]"#);
+    assert!(
+        dup.as_ref()
+            .is_err_and(|e| e.to_string().contains("token id 1 appears more than once")),
+        "{dup:?}"
+    );
 
     // Non-finite values written as strings reach validation: a ParamError naming the field.
     let cases = [
