@@ -1835,7 +1835,7 @@ impl<'de> Deserialize<'de> for LenientF64 {
 /// are the ids as strings). Use with `#[serde(with = "nucleus_sampling::chain::lenient_f64_map")]`.
 pub mod lenient_f64_map {
     use super::LenientF64;
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use serde::{Deserializer, Serialize, Serializer};
     use std::collections::BTreeMap;
 
     /// Writes the map with [`super::lenient_f64`] values.
