@@ -1,0 +1,48 @@
+//! One workload of `nucleus bench sampling`, back to back, for a profiler:
+//!
+//! ```sh
+//! cargo build --release -p nucleus-cli --example prof
+//! perf record ./target/release/examples/prof 1 3000 1   # workload (b), 3000 calls, 1 thread
+//! ```
+//!
+//! Arguments: the workload's index in `workloads()` (0 = (a) ... 5 = (f); default 4, greedy),
+//! the number of calls (default 2000) and the rayon pool's threads (default 1; this thread is
+//! one of them). Prints the median and 10th-percentile µs per call at vocab 151,936, batch 1.
+//! Unlike the benchmark, nothing else runs between calls, so caches stay warm.
+
+use std::time::Instant;
+
+use nucleus_cli::bench::sampling::workload::{workloads, DEFAULT_SEED};
+use nucleus_cli::bench::sampling::{Bench, Method};
+
+fn arg(i: usize, default: usize) -> usize {
+    std::env::args()
+        .nth(i)
+        .map(|s| s.parse().expect("a whole number"))
+        .unwrap_or(default)
+}
+
+fn main() {
+    let (which, calls, threads) = (arg(1, 4), arg(2, 2000).max(1), arg(3, 1));
+    let _pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .use_current_thread()
+        .build()
+        .expect("thread pool");
+    let bench = Bench::new(1, 151_936, DEFAULT_SEED).expect("benchmark data");
+    let w = &workloads()[which];
+    let mut times: Vec<f64> = (0..calls)
+        .map(|_| {
+            let t = Instant::now();
+            std::hint::black_box(bench.sample(Method::Nucleus, w).expect("sampling"));
+            t.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    println!(
+        "{} median {:.1} us, p10 {:.1}",
+        w.label(),
+        times[calls / 2],
+        times[calls / 10]
+    );
+}
