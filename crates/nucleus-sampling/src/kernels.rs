@@ -147,11 +147,9 @@ mod x86 {
             _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r),
             _mm512_set1_ps(1.0),
         );
-        let e = _mm512_add_epi32(
-            _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(0x4B40_0000)),
-            _mm512_set1_epi32(127),
-        );
-        let v = _mm512_mul_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32::<23>(e)));
+        // y * 2^n in one instruction: exact, so the same bits as building 2^n in the exponent
+        // field and multiplying (n >= -126 here).
+        let v = _mm512_scalef_ps(y, n);
         _mm512_maskz_mov_ps(!tiny, v)
     }
 
