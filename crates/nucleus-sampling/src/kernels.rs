@@ -189,9 +189,15 @@ mod x86 {
                 let x = _mm512_loadu_ps(block.as_ptr().add(16 * q));
                 bm = _mm512_max_ps(x, bm);
             }
-            let (rlo, rhi) = widen16(exp16(scale16::<DIV>(mv, _mm512_sub_ps(mv, bm), tv)));
-            let mut slo = _mm512_mul_pd(_mm512_loadu_pd(s.as_ptr()), rlo);
-            let mut shi = _mm512_mul_pd(_mm512_loadu_pd(s.as_ptr().add(8)), rhi);
+            let mut slo = _mm512_loadu_pd(s.as_ptr());
+            let mut shi = _mm512_loadu_pd(s.as_ptr().add(8));
+            // Rescale only when a lane's maximum rose: otherwise the factor is exp(0) = 1
+            // exactly, so skipping it keeps the portable body's bits.
+            if _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(mv, bm) != 0 {
+                let (rlo, rhi) = widen16(exp16(scale16::<DIV>(mv, _mm512_sub_ps(mv, bm), tv)));
+                slo = _mm512_mul_pd(slo, rlo);
+                shi = _mm512_mul_pd(shi, rhi);
+            }
             let mut part = _mm512_setzero_ps();
             for q in 0..block.len() / 16 {
                 let x = _mm512_loadu_ps(block.as_ptr().add(16 * q));

@@ -1243,7 +1243,7 @@ mod x86 {
 }
 
 /// Values per run of the vectorised compares: one bit mask per run.
-const RUN: usize = 32;
+const RUN: usize = 64;
 
 /// Instruction-set levels of [`run_masks`]: SSE2 (part of x86-64), AVX2, AVX-512F.
 const SSE2: u8 = 0;
@@ -1255,16 +1255,16 @@ const AVX512: u8 = 2;
 /// instructions; a level above SSE2 is only instantiated inside functions compiled with that
 /// level enabled (the target_feature wrappers of [`x86`]).
 #[inline(always)]
-fn run_mask<const ISA: u8, const INCLUSIVE: bool>(run: &[f32], t: f32) -> u32 {
+fn run_mask<const ISA: u8, const INCLUSIVE: bool>(run: &[f32], t: f32) -> u64 {
     debug_assert_eq!(run.len(), RUN);
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::*;
-        // SAFETY: `run` holds RUN = 32 values (unaligned loads); levels above SSE2 run only
+        // SAFETY: `run` holds RUN = 64 values (unaligned loads); levels above SSE2 run only
         // where the caller was compiled with them (see above); SSE2 is part of x86-64.
         unsafe {
             let p = run.as_ptr();
-            let mut mask = 0u32;
+            let mut mask = 0u64;
             if ISA == AVX512 {
                 let tv = _mm512_set1_ps(t);
                 for q in 0..RUN / 16 {
@@ -1274,7 +1274,7 @@ fn run_mask<const ISA: u8, const INCLUSIVE: bool>(run: &[f32], t: f32) -> u32 {
                     } else {
                         _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(x, tv)
                     };
-                    mask |= u32::from(m) << (16 * q);
+                    mask |= u64::from(m) << (16 * q);
                 }
             } else if ISA == AVX2 {
                 let tv = _mm256_set1_ps(t);
@@ -1285,7 +1285,7 @@ fn run_mask<const ISA: u8, const INCLUSIVE: bool>(run: &[f32], t: f32) -> u32 {
                     } else {
                         _mm256_cmp_ps::<_CMP_NLE_UQ>(x, tv)
                     };
-                    mask |= (_mm256_movemask_ps(m) as u32) << (8 * q);
+                    mask |= u64::from(_mm256_movemask_ps(m) as u32) << (8 * q);
                 }
             } else {
                 let tv = _mm_set1_ps(t);
@@ -1296,7 +1296,7 @@ fn run_mask<const ISA: u8, const INCLUSIVE: bool>(run: &[f32], t: f32) -> u32 {
                     } else {
                         _mm_cmpnle_ps(x, tv)
                     };
-                    mask |= (_mm_movemask_ps(m) as u32) << (4 * q);
+                    mask |= u64::from(_mm_movemask_ps(m) as u32) << (4 * q);
                 }
             }
             mask
@@ -1304,10 +1304,10 @@ fn run_mask<const ISA: u8, const INCLUSIVE: bool>(run: &[f32], t: f32) -> u32 {
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let mut mask = 0u32;
+        let mut mask = 0u64;
         for (j, &x) in run.iter().enumerate() {
             let p = if INCLUSIVE { !(x < t) } else { !(x <= t) };
-            mask |= u32::from(p) << j;
+            mask |= u64::from(p) << j;
         }
         mask
     }
