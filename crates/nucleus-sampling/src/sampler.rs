@@ -1542,8 +1542,14 @@ fn apply_sparse_modifications(
 /// `keep` unmodified ids) and keeps the best `keep` of both.
 fn merge_modifications(floor: f32, keep: usize, scratch: &mut Scratch) {
     let (ids, vals, cand) = (&scratch.mod_ids, &scratch.mod_vals, &mut scratch.cand);
+    // With `keep` candidates already, a modified id must beat the worst of them.
+    let worst = if cand.len() >= keep {
+        cand.iter().map(rank_key).max()
+    } else {
+        None
+    };
     for (&id, &v) in ids.iter().zip(vals) {
-        if v > floor {
+        if v > floor && worst.is_none_or(|w| rank_key_of(v, id) < w) {
             cand.push(Cand {
                 logit: v,
                 id,
