@@ -50,8 +50,11 @@ pub(crate) const CHUNK: usize = 8192;
 
 /// Rows at least this long have their passes split across the rayon pool's threads when the
 /// batch leaves threads idle (batch 1, typically). Chunks of [`CHUNK`] ids are the unit, so
-/// the results are the same bits as unsplit.
-const SPLIT_MIN: usize = 4 * CHUNK;
+/// the results are the same bits as unsplit. Shorter rows are not split: their passes take
+/// 10-80 µs, and waking a sleeping pool thread costs 20-30 µs on the project's machines, so a
+/// split 151,936-id row was slower than an unsplit one there (BENCHMARKS.md), while a
+/// 1,048,576-id row was 1.3x to 1.6x faster on two threads.
+const SPLIT_MIN: usize = 64 * CHUNK;
 
 /// The length of the pieces a split row is cut into: one per thread of the current pool, a
 /// whole number of [`CHUNK`]s (so every chunk-structured sum is the same).

@@ -210,13 +210,14 @@ fn qwen_sized_padded_rows_same_tokens_alone_first_last_and_any_thread_count() {
     check(151_665, 151_936, &[0, 123_456]);
 }
 
-/// Each path of the sampler on one 151,936-entry row (a split across threads is used when the
-/// pool has idle threads): bitwise the same output and distribution on 1, 2 and 3 threads.
+/// Each path of the sampler on one 600,000-entry row (long enough that its passes are split
+/// across the pool's idle threads): bitwise the same output and distribution on 1, 2 and 3
+/// threads.
 #[test]
 fn every_path_is_thread_count_invariant_on_a_long_row() {
-    let vocab = 151_936;
+    let vocab = 600_000;
     let mut row = normal_row(77, vocab, 3.0);
-    for (i, id) in [5usize, 40_000, 99_999, 151_935].into_iter().enumerate() {
+    for (i, id) in [5usize, 40_000, 99_999, 599_999].into_iter().enumerate() {
         row[id] = 14.0 + i as f32;
     }
     row[120_000] = f32::NEG_INFINITY;
