@@ -678,18 +678,33 @@ fn prepare_with(
     // The value that masks a token: -inf for logits, 0 for probabilities.
     let floor = if probs { 0.0 } else { f32::NEG_INFINITY };
     let vocab = row.len();
+    // Token ids of the context and the parameters must be below `vocab`: a vectorised max
+    // per list, and the first offender only when one is out of range.
     let context = [
         ("prompt_ids", request.prompt_ids),
         ("output_ids", request.output_ids),
         ("stop_token_ids", request.stop_token_ids),
     ];
-    let context_ids = context
-        .iter()
-        .flat_map(|&(field, ids)| ids.iter().map(move |&id| (field, id)));
-    if let Some((field, bad)) = context_ids
-        .chain(params.named_ids())
-        .find(|&(_, id)| id as usize >= vocab)
-    {
+    for (field, ids) in context {
+        if ids
+            .iter()
+            .copied()
+            .max()
+            .is_some_and(|m| m as usize >= vocab)
+        {
+            let bad = ids
+                .iter()
+                .copied()
+                .find(|&id| id as usize >= vocab)
+                .unwrap_or(0);
+            return Err(SampleError::TokenIdOutOfRange {
+                field,
+                token_id: bad,
+                vocab_size: vocab,
+            });
+        }
+    }
+    if let Some((field, bad)) = params.named_ids().find(|&(_, id)| id as usize >= vocab) {
         return Err(SampleError::TokenIdOutOfRange {
             field,
             token_id: bad,
@@ -1513,6 +1528,30 @@ fn apply_sparse_modifications(
     scratch
         .mod_vals
         .extend(scratch.mod_ids.iter().map(|&id| row[id as usize]));
+    let params = request.params;
+    if params.bad_words.is_empty()
+        && params.logit_bias.is_empty()
+        && (request.output_ids.len() >= params.min_tokens || request.stop_token_ids.is_empty())
+        && params.frequency_penalty == 0.0
+        && params.presence_penalty == 0.0
+    {
+        // Only the repetition penalty: the listed ids are exactly the distinct prompt and
+        // output ids, each penalised once, as `modify` does.
+        let penalty = params.repetition_penalty;
+        let r = penalty as f32;
+        for (&id, l) in scratch.mod_ids.iter().zip(scratch.mod_vals.iter_mut()) {
+            let before = *l;
+            *l = if before > 0.0 { before / r } else { before * r };
+            if before.is_finite() && !l.is_finite() {
+                return Err(SampleError::PenaltyOverflow {
+                    token_id: id,
+                    logit: before,
+                    penalty,
+                });
+            }
+        }
+        return Ok(());
+    }
     // A small open-addressing table id -> slot (a few KiB: stays in cache).
     let ids = &scratch.mod_ids;
     let bits = (2 * ids.len()).next_power_of_two().max(16).trailing_zeros();
