@@ -126,8 +126,8 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx512f")]
     fn exp16(x: __m512) -> __m512 {
-        let tiny = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(-87.3));
-        let x = _mm512_mask_blend_ps(tiny, x, _mm512_set1_ps(-87.3));
+        // max(-104, x): NaN passes through (the second operand is returned for NaN).
+        let x = _mm512_max_ps(_mm512_set1_ps(-104.0), x);
         let round = _mm512_set1_ps(12_582_912.0);
         let t = _mm512_fmadd_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E), round);
         let n = _mm512_sub_ps(t, round);
@@ -147,10 +147,9 @@ mod x86 {
             _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r),
             _mm512_set1_ps(1.0),
         );
-        // y * 2^n in one instruction: exact, so the same bits as building 2^n in the exponent
-        // field and multiplying (n >= -126 here).
-        let v = _mm512_scalef_ps(y, n);
-        _mm512_maskz_mov_ps(!tiny, v)
+        // y * 2^n in one instruction, rounded once (subnormal results included): the same
+        // bits as the portable body's (y * 2^n1) * 2^n2.
+        _mm512_scalef_ps(y, n)
     }
 
     /// `scale::<DIV>(l, d, t)` on 16 lanes.
@@ -532,17 +531,17 @@ pub(crate) fn exp_w(x: f32) -> f32 {
 
 /// `e^x` for `x <= 0` with fused multiply-adds (`f32::mul_add`: one instruction where the CPU
 /// has FMA, the correctly rounded libm `fmaf` elsewhere, so the bits are the same everywhere):
-/// [`exp_w`]'s polynomial, but 0 below -87.3 (where `e^x` leaves the normal range). For the
-/// top-p normaliser only, which such values cannot move (each adds less than 1.2e-38 to a sum
-/// of at least 1); weights use [`exp_w`].
+/// [`exp_w`]'s polynomial and its two-factor `2^n` (subnormal results below -87.3, 0 below
+/// about -104; `-inf` gives 0, NaN stays NaN). For the top-p normaliser only; weights use
+/// [`exp_w`].
 #[inline(always)]
 pub(crate) fn exp_fma(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
-    let tiny = x < -87.3;
-    let x = if tiny { -87.3 } else { x };
+    // max(-104, x) with NaN passing through (the AVX-512 form is `max_ps(-104, x)`).
+    let x = if -104.0 > x { -104.0 } else { x };
     let t = x.mul_add(LOG2E, ROUND);
     let n = t - ROUND;
     let r = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, x));
@@ -553,14 +552,14 @@ pub(crate) fn exp_fma(x: f32) -> f32 {
     p = p.mul_add(r, 1.666_666_5e-1);
     p = p.mul_add(r, 0.5);
     let y = p.mul_add(r * r, r) + 1.0;
-    // t's low mantissa bits hold n + 2^22; n + 127 is the biased exponent of 2^n (n >= -126).
-    let bits = (t.to_bits() as i32 - 0x4B40_0000 + 127) << 23;
-    let v = y * f32::from_bits(bits as u32);
-    if tiny {
-        0.0
-    } else {
-        v
-    }
+    // t's low mantissa bits hold n + 2^22. y * 2^n as (y * 2^n1) * 2^n2 with both factors
+    // normal (n >= -151): one rounding, the same as one exact scaling (AVX-512's scalef).
+    let ni = t.to_bits() as i32 - 0x4B40_0000;
+    let n1 = ni >> 1;
+    let n2 = ni - n1;
+    let f1 = f32::from_bits(((n1 + 127) << 23) as u32);
+    let f2 = f32::from_bits(((n2 + 127) << 23) as u32);
+    (y * f1) * f2
 }
 
 #[cfg(test)]
@@ -664,7 +663,30 @@ mod tests {
             assert!(((got - want) / want).abs() < 4e-7, "{x}");
             x += 0.000_37;
         }
+        // Subnormal results: within one subnormal step of the true value.
+        let mut x = -103.9f32;
+        while x < -87.0 {
+            let want = f64::from(x).exp();
+            let got = f64::from(exp_fma(x));
+            assert!((got - want).abs() <= 1.5e-45_f64.max(want * 4e-7), "{x}");
+            x += 0.01;
+        }
         assert_eq!(exp_fma(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_fma(-200.0), 0.0);
+        assert!(exp_fma(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn max_sum_exp_is_the_same_bits_on_every_body_down_to_subnormal_terms() {
+        // Terms from e^0 down to below the smallest subnormal, at two temperatures.
+        let row: Vec<f32> = (0..9_000).map(|i| -(i as f32) * 0.0131).collect();
+        for t in [1.0f32, 0.9] {
+            let mut a = max_sum_exp(&row, t);
+            let b = max_sum_exp_body(&row, t);
+            assert_eq!(a.sum.to_bits(), b.sum.to_bits(), "t {t}");
+            a.bad |= b.bad;
+            assert!(!a.bad);
+        }
     }
 
     #[test]
