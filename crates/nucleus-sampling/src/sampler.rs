@@ -346,7 +346,7 @@ fn processed_logprobs(
             let cand = &scratch.cand[..n];
             let z = chunked_sum(cand.iter().map(|c| (c.id as usize, c.w)));
             let mut best: Vec<Cand> = cand.iter().filter(|c| c.w > 0.0).copied().collect();
-            best.sort_unstable_by(|a, b| b.w.total_cmp(&a.w).then(a.id.cmp(&b.id)));
+            best.sort_unstable_by(|a, b| (b.w + 0.0).total_cmp(&(a.w + 0.0)).then(a.id.cmp(&b.id)));
             best.truncate(top);
             best.iter()
                 .map(|c| TokenLogprob {
@@ -534,7 +534,10 @@ struct Cand {
 /// The order of filtering: better = larger logit, then lower id. Total and strict (ids differ).
 #[inline]
 fn better(a: &Cand, b: &Cand) -> Ordering {
-    b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id))
+    // `+ 0.0` turns -0.0 into +0.0: the two zeros are one value and tie (spec step 9).
+    (b.logit + 0.0)
+        .total_cmp(&(a.logit + 0.0))
+        .then(a.id.cmp(&b.id))
 }
 
 /// A u64 whose ascending order is [`better`]'s: the logit's total-order bits, inverted, above
@@ -547,7 +550,8 @@ fn rank_key(c: &Cand) -> u64 {
 /// [`rank_key`] of a logit and an id.
 #[inline(always)]
 fn rank_key_of(logit: f32, id: u32) -> u64 {
-    let b = logit.to_bits();
+    // -0.0 and +0.0 tie (the lower id wins), so both get +0.0's key.
+    let b = (logit + 0.0).to_bits();
     let ascending = if b & 0x8000_0000 != 0 {
         !b
     } else {
@@ -2032,7 +2036,8 @@ mod tests {
         }
         for a in &cands {
             let k = rank_key(a);
-            assert_eq!(key_logit(k).to_bits(), a.logit.to_bits());
+            // -0.0 comes back as +0.0: the same value, and the key's tie rule.
+            assert_eq!(key_logit(k).to_bits(), (a.logit + 0.0).to_bits());
             assert_eq!(k as u32, a.id);
             for b in &cands {
                 assert_eq!(rank_key(a).cmp(&rank_key(b)), better(a, b), "{a:?} {b:?}");

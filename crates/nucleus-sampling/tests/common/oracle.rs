@@ -294,7 +294,8 @@ fn core(penalised: &[f64], params: &SamplingParams, keys: &[Key], err: &[f64]) -
     // All candidates in the spec's order: logit descending, ties toward the lower id (a stable
     // sort of ids in ascending order).
     let mut by_logit = candidates.clone();
-    by_logit.sort_by(|&a, &b| penalised[b].total_cmp(&penalised[a]));
+    // `+ 0.0`: -0.0 and +0.0 are one value and tie (the stable sort keeps the lower id first).
+    by_logit.sort_by(|&a, &b| (penalised[b] + 0.0).total_cmp(&(penalised[a] + 0.0)));
 
     // Step 6: greedy.
     if params.temperature < GREEDY_BELOW {
@@ -365,7 +366,7 @@ fn core(penalised: &[f64], params: &SamplingParams, keys: &[Key], err: &[f64]) -
         let mut order = survivors.clone();
         order.sort(); // ascending id, so the stable sort below breaks ties toward the lower id
         let prob = |i: usize| weight(i) / total;
-        order.sort_by(|&a, &b| prob(b).total_cmp(&prob(a)));
+        order.sort_by(|&a, &b| (prob(b) + 0.0).total_cmp(&(prob(a) + 0.0)));
         let p = params.top_p;
         let mut cum = 0.0f64;
         let mut cut = order.len(); // rounding may leave every prefix below p: keep all
