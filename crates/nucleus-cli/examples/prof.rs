@@ -5,7 +5,8 @@
 //! perf record ./target/release/examples/prof 1 3000 1   # workload (b), 3000 calls, 1 thread
 //! ```
 //!
-//! Arguments: the workload's index in `workloads()` (0 = (a) ... 5 = (f); default 4, greedy),
+//! Arguments: the workload's index in `workloads()` (0 = (a) ... 5 = (f), 6 = the max pass
+//! floor, 7 = the max+sum-exp pass floor; default 4, greedy),
 //! the number of calls (default 2000) and the rayon pool's threads (default 1; this thread is
 //! one of them). Prints the median and 10th-percentile µs per call at batch 1 and vocab
 //! 151,936 (or `$VOCAB`).
@@ -13,8 +14,9 @@
 
 use std::time::Instant;
 
+use nucleus_cli::bench::sampling::floors::Isa;
 use nucleus_cli::bench::sampling::workload::{workloads, DEFAULT_SEED};
-use nucleus_cli::bench::sampling::{Bench, Method};
+use nucleus_cli::bench::sampling::{Bench, Floor, Method};
 
 fn arg(i: usize, default: usize) -> usize {
     std::env::args()
@@ -35,18 +37,35 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(151_936);
     let bench = Bench::new(1, vocab, DEFAULT_SEED).expect("benchmark data");
-    let w = &workloads()[which];
+    let all = workloads();
+    // Past the workloads: 6 is the max pass floor, 7 the max+sum-exp pass floor.
+    let floor = match which.checked_sub(all.len()) {
+        Some(0) => Some(Floor::Max(Isa::best())),
+        Some(_) => Some(Floor::MaxSumExp(Isa::best())),
+        None => None,
+    };
+    let label = floor.map_or_else(|| all[which].label(), |f| f.name());
     let mut times: Vec<f64> = (0..calls)
         .map(|_| {
             let t = Instant::now();
-            std::hint::black_box(bench.sample(Method::Nucleus, w).expect("sampling"));
+            match floor {
+                Some(f) => {
+                    std::hint::black_box(bench.floor(f));
+                }
+                None => {
+                    std::hint::black_box(
+                        bench
+                            .sample(Method::Nucleus, &all[which])
+                            .expect("sampling"),
+                    );
+                }
+            }
             t.elapsed().as_secs_f64() * 1e6
         })
         .collect();
     times.sort_by(f64::total_cmp);
     println!(
-        "{} median {:.1} us, p10 {:.1}",
-        w.label(),
+        "{label} median {:.1} us, p10 {:.1}",
         times[calls / 2],
         times[calls / 10]
     );
