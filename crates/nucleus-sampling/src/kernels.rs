@@ -2,10 +2,13 @@
 //!
 //! Each pass is plain Rust written so that LLVM vectorises it (fixed-width lane arrays with
 //! independent accumulators, comparisons as selects), compiled three times on x86-64:
-//! baseline (SSE2), AVX2 and AVX-512F, the widest the CPU runs being chosen once at run time.
-//! No pass uses fused multiply-adds, and every sum has a fixed lane structure, so each pass
-//! gives bitwise the same result on every instruction set, thread count and machine
-//! (spec/sampling.md, "Random streams": results never depend on how a row is split).
+//! baseline (SSE2), AVX2 + FMA and AVX-512F, the widest the CPU runs being chosen once at run
+//! time; the top-p normaliser's block also has explicit AVX-512 intrinsics. Every pass gives
+//! bitwise the same result on every instruction set, thread count and machine (spec/sampling.md,
+//! "Random streams"): the weights' exp ([`exp_w`]) uses no fused multiply-add; the normaliser's
+//! ([`exp_fma`]) uses `f32::mul_add`, which is the same correctly rounded operation as the FMA
+//! instruction (libm's `fmaf` where the CPU has none); every sum has a fixed lane and chunk
+//! structure; unit tests compare the dispatched passes with the portable bodies bit for bit.
 
 use std::sync::OnceLock;
 
