@@ -51,15 +51,14 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ParamError, SampleError};
+use crate::kernels;
 use crate::params::{LogprobsKind, GREEDY_TEMPERATURE, LOGIT_BIAS_LIMIT, MAX_N};
 use crate::philox;
 use crate::sampler::{
-    chunked_sum, os_seed, select_dense, Logprobs, Sample, SampleOutput, TokenLogprob,
+    chunked_sum, dense_top_logprobs, non_finite, os_seed, processed_logprobs_from, raw_logprobs,
+    select_dense, Logprobs, Sample, SampleOutput, TokenLogprob,
 };
-
-/// Ids per chunk of the f64 sum of the raw log-softmax (the chunking of the fast path, so that
-/// raw logprobs agree; spec/sampling.md "Random streams": chunking independent of threads).
-const RAW_CHUNK: usize = 8192;
+use crate::view::InputKind;
 
 // ---------------------------------------------------------------------------------------------
 // Context and trait
@@ -188,7 +187,7 @@ fn check_range<'a>(
 }
 
 fn row_max(values: &[f32]) -> f32 {
-    values.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+    kernels::max_bad(values).0
 }
 
 /// The filtering order: larger logit first, then lower id (spec steps 9-10). Logits are
@@ -1322,7 +1321,7 @@ impl SamplerChain {
         if let Some(top) = top {
             output.logprobs = Some(match kind {
                 LogprobsKind::Processed => self.processed_logprobs(&output, top),
-                LogprobsKind::Raw => raw_logprobs(logits, &output, top),
+                LogprobsKind::Raw => raw_logprobs(logits, InputKind::Logits, &output, top),
             });
         }
         Ok(output)
@@ -1363,31 +1362,15 @@ impl SamplerChain {
     }
 
     fn processed_logprobs(&self, output: &SampleOutput, top: usize) -> Logprobs {
-        let sampled = std::iter::once(output.logprob)
-            .chain(output.extra_samples.iter().map(|s| s.logprob))
-            .collect();
-        let mut best = if self.selection.is_greedy() {
+        let best = if self.selection.is_greedy() {
             vec![TokenLogprob {
                 token_id: output.token,
                 logprob: 0.0,
             }]
         } else {
-            let z = chunked_sum(self.weights.iter().copied().enumerate());
-            top_values(&self.weights, 0.0, top)
-                .into_iter()
-                .map(|(id, w)| TokenLogprob {
-                    token_id: id,
-                    logprob: (f64::from(w) / z).ln(),
-                })
-                .collect()
+            dense_top_logprobs(&self.weights, top)
         };
-        best.truncate(top);
-        fill_impossible(&mut best, top);
-        Logprobs {
-            kind: LogprobsKind::Processed,
-            sampled,
-            top: best,
-        }
+        processed_logprobs_from(output, best, top)
     }
 }
 
@@ -1420,77 +1403,10 @@ impl LogitsProcessor for SamplerChain {
 
 /// Step 1: the lowest id holding NaN or +inf is an error.
 fn check_finite(row: &[f32]) -> Result<(), SampleError> {
-    match row.iter().position(|&v| v.is_nan() || v == f32::INFINITY) {
-        Some(i) => Err(SampleError::NonFiniteLogits {
-            token_id: i as u32,
-            value: row[i],
-        }),
-        None => Ok(()),
-    }
-}
-
-/// The `n` largest values above `floor`, largest first, ties toward the lower id.
-fn top_values(values: &[f32], floor: f32, n: usize) -> Vec<(u32, f32)> {
-    if n == 0 {
-        return Vec::new();
-    }
-    let mut cand: Vec<(f32, u32)> = values
-        .iter()
-        .enumerate()
-        .filter(|(_, &v)| v > floor)
-        .map(|(i, &v)| (v + 0.0, i as u32))
-        .collect();
-    if cand.len() > n {
-        cand.select_nth_unstable_by(n - 1, better);
-        cand.truncate(n);
-    }
-    cand.sort_unstable_by(better);
-    cand.into_iter().map(|(v, id)| (id, v)).collect()
-}
-
-/// Pads a top list to `n` entries with `-inf` entries for the lowest ids not in it.
-fn fill_impossible(best: &mut Vec<TokenLogprob>, n: usize) {
-    let mut id = 0u32;
-    while best.len() < n {
-        if !best.iter().any(|t| t.token_id == id) {
-            best.push(TokenLogprob {
-                token_id: id,
-                logprob: f64::NEG_INFINITY,
-            });
-        }
-        id += 1;
-    }
-}
-
-/// Raw log-probabilities (spec step 2): `log_softmax` of the row as given, in f64.
-fn raw_logprobs(row: &[f32], output: &SampleOutput, top: usize) -> Logprobs {
-    let max = row_max(row);
-    let norm = if max == f32::NEG_INFINITY {
-        f64::INFINITY // every raw logprob is -inf
+    if kernels::max_bad(row).1 {
+        Err(non_finite(row))
     } else {
-        let mut total = 0.0f64;
-        for chunk in row.chunks(RAW_CHUNK) {
-            total += chunk
-                .iter()
-                .map(|&l| (f64::from(l) - f64::from(max)).exp())
-                .sum::<f64>();
-        }
-        f64::from(max) + total.ln()
-    };
-    let raw = |v: f32| f64::from(v) - norm;
-    let sampled = output.tokens().map(|t| raw(row[t as usize])).collect();
-    let mut best: Vec<TokenLogprob> = top_values(row, f32::NEG_INFINITY, top)
-        .into_iter()
-        .map(|(id, v)| TokenLogprob {
-            token_id: id,
-            logprob: raw(v),
-        })
-        .collect();
-    fill_impossible(&mut best, top);
-    Logprobs {
-        kind: LogprobsKind::Raw,
-        sampled,
-        top: best,
+        Ok(())
     }
 }
 

@@ -334,10 +334,7 @@ fn processed_logprobs(
     output: &SampleOutput,
     top: usize,
 ) -> Logprobs {
-    let sampled = std::iter::once(output.logprob)
-        .chain(output.extra_samples.iter().map(|s| s.logprob))
-        .collect();
-    let mut best: Vec<TokenLogprob> = match prepared.support {
+    let best: Vec<TokenLogprob> = match prepared.support {
         Support::Greedy(token) => vec![TokenLogprob {
             token_id: token,
             logprob: 0.0,
@@ -355,18 +352,34 @@ fn processed_logprobs(
                 })
                 .collect()
         }
-        Support::Dense => {
-            let w = &scratch.weights[..vocab];
-            let z = chunked_sum(w.iter().copied().enumerate());
-            top_values(w, 0.0, top)
-                .into_iter()
-                .map(|(id, wi)| TokenLogprob {
-                    token_id: id,
-                    logprob: (f64::from(wi) / z).ln(),
-                })
-                .collect()
-        }
+        Support::Dense => dense_top_logprobs(&scratch.weights[..vocab], top),
     };
+    processed_logprobs_from(output, best, top)
+}
+
+/// The `top` most likely tokens of dense weights `w` (zero for removed tokens), as natural-log
+/// probabilities `ln(w_i / sum w)`, most likely first, ties toward the lower id.
+pub(crate) fn dense_top_logprobs(w: &[f32], top: usize) -> Vec<TokenLogprob> {
+    let z = chunked_sum(w.iter().copied().enumerate());
+    top_values(w, 0.0, top)
+        .into_iter()
+        .map(|(id, wi)| TokenLogprob {
+            token_id: id,
+            logprob: (f64::from(wi) / z).ln(),
+        })
+        .collect()
+}
+
+/// Processed [`Logprobs`]: the sampled tokens' (from `output`) and `best`, cut or padded with
+/// `-inf` entries to `top`.
+pub(crate) fn processed_logprobs_from(
+    output: &SampleOutput,
+    mut best: Vec<TokenLogprob>,
+    top: usize,
+) -> Logprobs {
+    let sampled = std::iter::once(output.logprob)
+        .chain(output.extra_samples.iter().map(|s| s.logprob))
+        .collect();
     best.truncate(top);
     fill_impossible(&mut best, top);
     Logprobs {
@@ -378,7 +391,12 @@ fn processed_logprobs(
 
 /// Raw log-probabilities (spec step 2): `log_softmax` of the row as given, in f64; for
 /// probability input `ln(p_i / sum p)`.
-fn raw_logprobs(row: &[f32], kind: InputKind, output: &SampleOutput, top: usize) -> Logprobs {
+pub(crate) fn raw_logprobs(
+    row: &[f32],
+    kind: InputKind,
+    output: &SampleOutput,
+    top: usize,
+) -> Logprobs {
     let floor = match kind {
         InputKind::Logits => f32::NEG_INFINITY,
         InputKind::Probs => 0.0,
@@ -396,6 +414,8 @@ fn raw_logprobs(row: &[f32], kind: InputKind, output: &SampleOutput, top: usize)
         }
     };
     let norm = match kind {
+        // Every logit -inf: every raw logprob is -inf.
+        InputKind::Logits if max == f32::NEG_INFINITY => f64::INFINITY,
         InputKind::Logits => {
             chunked_sum_f64(row.iter().map(|&l| (f64::from(l) - f64::from(max)).exp())).ln()
         }
@@ -421,7 +441,7 @@ fn raw_logprobs(row: &[f32], kind: InputKind, output: &SampleOutput, top: usize)
 }
 
 /// The `n` largest values above `floor`, largest first, ties toward the lower id.
-fn top_values(values: &[f32], floor: f32, n: usize) -> Vec<(u32, f32)> {
+pub(crate) fn top_values(values: &[f32], floor: f32, n: usize) -> Vec<(u32, f32)> {
     if n == 0 {
         return Vec::new();
     }
@@ -432,7 +452,7 @@ fn top_values(values: &[f32], floor: f32, n: usize) -> Vec<(u32, f32)> {
 }
 
 /// Pads a top list to `n` entries with `-inf` entries for the lowest ids not in it.
-fn fill_impossible(best: &mut Vec<TokenLogprob>, n: usize) {
+pub(crate) fn fill_impossible(best: &mut Vec<TokenLogprob>, n: usize) {
     let mut id = 0u32;
     while best.len() < n {
         if !best.iter().any(|t| t.token_id == id) {
@@ -1034,7 +1054,7 @@ fn row_exp_pass(logits: &[f32], max: f32, t: f32, out: &mut [f32], split: bool) 
 }
 
 /// The error for a row holding NaN or +inf: the lowest such id.
-fn non_finite(row: &[f32]) -> SampleError {
+pub(crate) fn non_finite(row: &[f32]) -> SampleError {
     let i = row
         .iter()
         .position(|&v| v.is_nan() || v == f32::INFINITY)
