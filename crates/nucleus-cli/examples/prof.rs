@@ -45,8 +45,13 @@ fn main() {
         None => None,
     };
     let label = floor.map_or_else(|| all[which].label(), |f| f.name());
+    // `EVICT=1`: write 16 MiB between calls (untimed), as the benchmark's other methods do.
+    let evict = std::env::var_os("EVICT").is_some();
+    let mut junk = vec![0u8; if evict { 16 << 20 } else { 0 }];
     let mut times: Vec<f64> = (0..calls)
-        .map(|_| {
+        .map(|i| {
+            junk.iter_mut().for_each(|b| *b = b.wrapping_add(i as u8));
+            std::hint::black_box(&junk);
             let t = Instant::now();
             match floor {
                 Some(f) => {

@@ -929,6 +929,22 @@ fn prepare_with(
                 chunked_sum(w.iter().copied().enumerate())
             }
         };
+        // The best token alone holds at least `p z`: it is the whole shortest prefix (the
+        // lowest id holding the maximum, by the (logit desc, id asc) order). Common when the
+        // model is confident; it saves the candidate pass. Its weight is computed as
+        // `set_weights` would, so the decision is the one `top_p_prefix` would take.
+        let w_max = weight(max);
+        if !weights_ready && f64::from(w_max) >= params.top_p * z {
+            if let Some(id) = first_at_least(logits, max) {
+                cand.clear();
+                cand.push(Cand {
+                    logit: logits[id],
+                    id: id as u32,
+                    w: w_max,
+                });
+                return finish(logits, 1, scratch, false, weight);
+            }
+        }
         cand.clear();
         let cut = if level == f32::NEG_INFINITY {
             f32::NEG_INFINITY
@@ -1229,9 +1245,48 @@ fn collect(logits: &[f32], floor: f32, cut: f32, out: &mut Vec<Cand>, split: boo
     }
 }
 
+/// The lowest index whose value is `>= t`, in a vectorised pass that stops there. For rows
+/// already checked for NaN (a NaN would count as a hit).
+fn first_at_least(values: &[f32], t: f32) -> Option<usize> {
+    match kernels::isa() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `isa()` reports AVX-512F only when the CPU has it.
+        kernels::Isa::Avx512 => unsafe { x86::first_at_least_avx512(values, t) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `isa()` reports AVX2 only when the CPU has it.
+        kernels::Isa::Avx2 => unsafe { x86::first_at_least_avx2(values, t) },
+        kernels::Isa::Baseline => first_at_least_body::<SSE2>(values, t),
+    }
+}
+
+#[inline(always)]
+fn first_at_least_body<const ISA: u8>(values: &[f32], t: f32) -> Option<usize> {
+    let whole = values.len() / RUN * RUN;
+    for (r, run) in values[..whole].chunks_exact(RUN).enumerate() {
+        let mask = run_mask::<ISA, true>(run, t);
+        if mask != 0 {
+            return Some(r * RUN + mask.trailing_zeros() as usize);
+        }
+    }
+    values[whole..]
+        .iter()
+        .position(|&x| !(x < t))
+        .map(|j| whole + j)
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::Cand;
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn first_at_least_avx512(values: &[f32], t: f32) -> Option<usize> {
+        super::first_at_least_body::<{ super::AVX512 }>(values, t)
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn first_at_least_avx2(values: &[f32], t: f32) -> Option<usize> {
+        super::first_at_least_body::<{ super::AVX2 }>(values, t)
+    }
 
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn scan_top_avx512(

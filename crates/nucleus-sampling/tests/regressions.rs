@@ -134,3 +134,62 @@ fn no_candidates_says_why_for_probabilities_and_masks() {
         "{msg}"
     );
 }
+
+/// Top-p alone where the best token holds at least `p` of the mass takes a shortcut (no
+/// candidate pass): it must still keep exactly the lowest id holding the maximum, with ties,
+/// with -0.0 tying +0.0, with the maximum in a row's tail, and must not fire when the best
+/// token falls just short.
+#[test]
+fn top_p_keeps_only_the_lowest_id_of_a_dominant_maximum() {
+    let only = |row: &[f32], p: f64| -> Vec<usize> {
+        let params = SamplingParams {
+            top_p: p,
+            seed: Some(7),
+            ..Default::default()
+        };
+        let d = distribution(row, &SampleRequest::new(&params, &[], &[], 0)).unwrap();
+        d.iter()
+            .enumerate()
+            .filter(|&(_, &x)| x > 0.0)
+            .map(|(i, _)| i)
+            .collect()
+    };
+    // Two tokens tie at the maximum among 1,000 (weights 1, 1, e^-15 ...): z ~ 2, so p = 0.4
+    // is reached by the first of them alone; p = 0.6 needs both.
+    let mut row: Vec<f32> = (0..1000).map(|i| -5.0 - (i % 7) as f32).collect();
+    row[700] = 10.0;
+    row[300] = 10.0;
+    assert_eq!(only(&row, 0.4), vec![300]);
+    assert_eq!(only(&row, 0.6), vec![300, 700]);
+    // -0.0 and +0.0 are one value: the lower id wins whichever sign it has.
+    let mut row = vec![-30.0f32; 200];
+    row[150] = 0.0;
+    row[90] = -0.0;
+    assert_eq!(only(&row, 0.4), vec![90]);
+    let d = distribution(
+        &row,
+        &SampleRequest::new(
+            &SamplingParams {
+                top_p: 0.4,
+                ..Default::default()
+            },
+            &[],
+            &[],
+            0,
+        ),
+    )
+    .unwrap();
+    assert_eq!(d[90], 1.0);
+    // The maximum past the last whole run of 64 values.
+    let mut row = vec![-40.0f32; 70];
+    row[66] = 3.0;
+    assert_eq!(only(&row, 0.9), vec![66]);
+    // The best token holds 1 / (1 + 3 e^-1) = 0.475: p = 0.47 keeps it alone, p = 0.48 does not.
+    let mut row = vec![-100.0f32; 300];
+    row[5] = 1.0;
+    row[250] = 0.0;
+    row[251] = 0.0;
+    row[252] = 0.0;
+    assert_eq!(only(&row, 0.47), vec![5]);
+    assert_eq!(only(&row, 0.48), vec![5, 250]);
+}
