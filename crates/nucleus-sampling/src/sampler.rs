@@ -1270,7 +1270,7 @@ fn first_at_least_body<const ISA: u8>(values: &[f32], t: f32) -> Option<usize> {
     }
     values[whole..]
         .iter()
-        .position(|&x| !(x < t))
+        .position(|&x| x >= t || x.is_nan())
         .map(|j| whole + j)
 }
 
