@@ -441,6 +441,7 @@ impl Engine {
                     position: (s.prompt_ids.len() + s.output_ids.len()) as u64,
                     sample_index: s.sample_index,
                     stop_token_ids: &s.end_ids,
+                    token_bitmask: None,
                 }
             })
             .collect();

@@ -80,6 +80,11 @@ pub struct ProcessorContext<'a> {
     /// Index, in the whole sequence (prompt included), of the token being chosen: the Philox
     /// counter's position words (spec/sampling.md, "Random streams").
     pub position: u64,
+    /// A structured-output token bitmask row ([`crate::bitmask`] layout, at least
+    /// `ceil(vocab_size / 32)` words), applied by the chain before its processors: a hard
+    /// constraint of step 3, which commutes with the others (a masked `-inf` stays `-inf`
+    /// through bias and penalties). `None`: no mask.
+    pub token_bitmask: Option<&'a [u32]>,
 }
 
 impl<'a> ProcessorContext<'a> {
@@ -90,7 +95,14 @@ impl<'a> ProcessorContext<'a> {
             output_ids,
             stop_token_ids: &[],
             position,
+            token_bitmask: None,
         }
+    }
+
+    /// The same context with this token bitmask row.
+    pub fn with_token_bitmask(mut self, bitmask: &'a [u32]) -> Self {
+        self.token_bitmask = Some(bitmask);
+        self
     }
 
     /// The same context with these EOS and stop ids.
@@ -1191,9 +1203,27 @@ impl SamplerChain {
         for p in &self.processors {
             p.check_ids(vocab)?;
         }
+        if let Some(mask) = ctx.token_bitmask {
+            let needed = crate::bitmask::bitmask_words(vocab);
+            if mask.len() < needed {
+                return Err(crate::BitmaskError::RowTooShort {
+                    words: mask.len(),
+                    needed,
+                    row_len: vocab,
+                }
+                .into());
+            }
+        }
         check_finite(logits)?;
         self.logits.clear();
         self.logits.extend_from_slice(logits);
+        if let Some(mask) = ctx.token_bitmask {
+            crate::bitmask::mask_row(
+                &mut self.logits,
+                &mask[..crate::bitmask::bitmask_words(vocab)],
+                f32::NEG_INFINITY,
+            );
+        }
         for p in &mut self.processors {
             p.apply(&mut self.logits, ctx)?;
         }

@@ -49,9 +49,12 @@ pub enum SampleError {
     },
     /// No token can be chosen (spec step 12): every logit below `vocab_size` is `-inf` (every
     /// probability 0) after the hard constraints (`allowed_token_ids`, `bad_words`,
-    /// `min_tokens`).
-    #[error("no candidate token: every token below vocab_size is removed (logit -inf or probability 0, given so or masked by allowed_token_ids, bad_words or min_tokens)")]
+    /// `min_tokens`, the token bitmask).
+    #[error("no candidate token: every token below vocab_size is removed (logit -inf or probability 0, given so or masked by allowed_token_ids, bad_words, min_tokens or the token bitmask)")]
     NoCandidates,
+    /// The request's token bitmask row is shorter than `ceil(vocab_size / 32)` words.
+    #[error(transparent)]
+    InvalidBitmask(#[from] BitmaskError),
     /// A parameter is out of range.
     #[error(transparent)]
     InvalidParams(#[from] ParamError),
@@ -128,5 +131,42 @@ pub enum ShapeError {
         requests: usize,
         /// Rows in the logits matrix.
         batch: usize,
+    },
+}
+
+/// A token bitmask of the wrong shape ([`crate::bitmask`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BitmaskError {
+    /// A [`crate::TokenBitmask`]'s words are not `batch * ceil(row_len / 32)`.
+    #[error("a token bitmask of {batch} rows of {row_len} ids needs batch * ceil(row_len / 32) words, got {words}")]
+    Shape {
+        /// Words given.
+        words: usize,
+        /// Rows.
+        batch: usize,
+        /// Token ids per row.
+        row_len: usize,
+    },
+    /// One row's mask has fewer than `ceil(row_len / 32)` words.
+    #[error("a token bitmask row for {row_len} ids needs at least {needed} u32 words (ceil(row_len / 32)), got {words}")]
+    RowTooShort {
+        /// Words given.
+        words: usize,
+        /// Words needed.
+        needed: usize,
+        /// Token ids in the row.
+        row_len: usize,
+    },
+    /// The logits matrix does not hold the mask's `batch` rows of `row_len` values.
+    #[error(
+        "logits of {values} values do not match a token bitmask of {batch} rows of {row_len} ids"
+    )]
+    LogitsShape {
+        /// Values in the logits slice.
+        values: usize,
+        /// The mask's rows.
+        batch: usize,
+        /// The mask's token ids per row.
+        row_len: usize,
     },
 }

@@ -18,6 +18,10 @@
 //! - [`sample_batch`]: samples every row (rows in parallel on the current rayon pool) and returns
 //!   one `Result` per row; [`sample_row`] does one row; [`distribution`] returns the exact
 //!   final probabilities that selection draws from.
+//! - [`TokenBitmask`] (module [`bitmask`]): the structured-output mask, `[batch,
+//!   ceil(row_len / 32)]` u32 words in XGrammar / llguidance's layout, applied in place by
+//!   [`apply_token_bitmask_inplace`] or by the sampler at step 3
+//!   ([`SampleRequest::with_token_bitmask`]).
 //! - [`philox`]: the counter-based Philox4x32-10 generator behind every random draw.
 //! - [`SamplerChain`] (module [`chain`]): the same steps as composable processors, in any
 //!   order, ending in a [`Selection`] (sample or greedy), like llama.cpp's sampler chain.
@@ -47,7 +51,7 @@
 //! ```
 //!
 //! The order of operations (spec/sampling.md): 1. row check (NaN/+inf is an error for that
-//! row), 3. hard constraints (allowed_token_ids, bad_words, min_tokens) set -inf, 4. logit_bias
+//! row), 3. hard constraints (allowed_token_ids, bad_words, min_tokens, the token bitmask) set -inf, 4. logit_bias
 //! (clamped to ±100), 5. repetition penalty, then frequency and presence penalties, 6. greedy
 //! when temperature < 1e-5, 7. temperature, 8. min_p, 9. top-k (exact k, ties to the lower id),
 //! 10. top-p (smallest prefix reaching p), 11. inverse-CDF selection in token-id order with one
@@ -56,6 +60,7 @@
 
 #![warn(missing_docs)]
 
+pub mod bitmask;
 pub mod chain;
 mod error;
 mod kernels;
@@ -64,10 +69,13 @@ pub mod philox;
 mod sampler;
 mod view;
 
+pub use bitmask::{
+    apply_token_bitmask_inplace, apply_token_bitmask_inplace_batch, bitmask_words, TokenBitmask,
+};
 pub use chain::{
     ChainError, LogitsProcessor, ProcessorConfig, ProcessorContext, SamplerChain, Selection,
 };
-pub use error::{ParamError, SampleError, ShapeError};
+pub use error::{BitmaskError, ParamError, SampleError, ShapeError};
 pub use params::{LogprobsKind, SamplingParams, GREEDY_TEMPERATURE, LOGIT_BIAS_LIMIT, MAX_N};
 pub use sampler::{
     distribution, distribution_from_probs, os_seed, sample_batch, sample_row,

@@ -39,7 +39,7 @@ use std::cmp::Ordering;
 
 use rayon::prelude::*;
 
-use crate::error::{SampleError, ShapeError};
+use crate::error::{BitmaskError, SampleError, ShapeError};
 use crate::kernels;
 use crate::params::{LogprobsKind, SamplingParams, LOGIT_BIAS_LIMIT};
 use crate::philox;
@@ -84,6 +84,11 @@ pub struct SampleRequest<'a> {
     /// The request's EOS and stop token ids: banned while fewer than `params.min_tokens`
     /// tokens have been generated (spec step 3). Each must be below `vocab_size`.
     pub stop_token_ids: &'a [u32],
+    /// A structured-output token bitmask row ([`crate::bitmask`] layout: token `t` is bit
+    /// `t % 32` of word `t / 32`, set = allowed), applied at spec step 3 to the sampler's copy
+    /// of the row (the caller's logits are not changed). At least `ceil(vocab_size / 32)`
+    /// words; words past the vocabulary (a padded row's) are not read. `None`: no mask.
+    pub token_bitmask: Option<&'a [u32]>,
 }
 
 impl<'a> SampleRequest<'a> {
@@ -101,7 +106,14 @@ impl<'a> SampleRequest<'a> {
             position,
             sample_index: 0,
             stop_token_ids: &[],
+            token_bitmask: None,
         }
+    }
+
+    /// The same request with this token bitmask row (see [`Self::token_bitmask`]).
+    pub fn with_token_bitmask(mut self, bitmask: &'a [u32]) -> Self {
+        self.token_bitmask = Some(bitmask);
+        self
     }
 
     /// The same request with these EOS and stop ids (for `min_tokens`).
@@ -702,6 +714,17 @@ fn prepare_with(
     // The value that masks a token: -inf for logits, 0 for probabilities.
     let floor = if probs { 0.0 } else { f32::NEG_INFINITY };
     let vocab = row.len();
+    if let Some(mask) = request.token_bitmask {
+        let needed = crate::bitmask::bitmask_words(vocab);
+        if mask.len() < needed {
+            return Err(BitmaskError::RowTooShort {
+                words: mask.len(),
+                needed,
+                row_len: vocab,
+            }
+            .into());
+        }
+    }
     // Token ids of the context and the parameters must be below `vocab`: a vectorised max
     // per list, and the first offender only when one is out of range.
     let context = [
@@ -757,6 +780,7 @@ fn prepare_with(
     let modifies = modifies_logits(request);
     let sparse = modifies
         && params.allowed_token_ids.is_none()
+        && request.token_bitmask.is_none()
         && (greedy || k_on)
         && list_modified_ids(vocab, keep, request, scratch);
     let logits: &[f32] = if modifies && !sparse {
@@ -1760,6 +1784,14 @@ fn apply_constraints_bias_penalties(
         }
         None => logits.extend_from_slice(row),
     }
+    // Step 3: the token bitmask.
+    if let Some(mask) = request.token_bitmask {
+        crate::bitmask::mask_row(
+            &mut logits[..vocab],
+            &mask[..crate::bitmask::bitmask_words(vocab)],
+            floor,
+        );
+    }
     modify(
         &mut Dense(&mut logits[..vocab]),
         floor,
@@ -1914,6 +1946,7 @@ fn modifies_logits(request: &SampleRequest<'_>) -> bool {
     let p = request.params;
     let has_context = !(request.prompt_ids.is_empty() && request.output_ids.is_empty());
     p.allowed_token_ids.is_some()
+        || request.token_bitmask.is_some()
         || !p.bad_words.is_empty()
         || (request.output_ids.len() < p.min_tokens && !request.stop_token_ids.is_empty())
         || !p.logit_bias.is_empty()

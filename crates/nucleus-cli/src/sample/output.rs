@@ -152,6 +152,7 @@ impl From<SampleError> for RowError {
             SampleError::NonFiniteLogits { .. } => "non_finite_logits",
             SampleError::InvalidProbability { .. } => "invalid_probability",
             SampleError::NoCandidates => "no_candidates",
+            SampleError::InvalidBitmask(_) => "invalid_bitmask",
             SampleError::InvalidParams(_) => "invalid_params",
             SampleError::PenaltyOverflow { .. } => "penalty_overflow",
             SampleError::SeedUnavailable(_) => "seed_unavailable",
