@@ -1,0 +1,122 @@
+//! [`GrammarError`]: everything that can go wrong in this crate, as one typed enum.
+
+use crate::GrammarKind;
+
+/// An error of nucleus-grammar. Every variant names the input that was wrong; none is a panic.
+///
+/// Which calls return which variant:
+/// - building a [`crate::TokenEnv`]: [`Tokenizer`](Self::Tokenizer),
+///   [`TokenTooLong`](Self::TokenTooLong), [`VocabTooSmall`](Self::VocabTooSmall),
+///   [`NoEosToken`](Self::NoEosToken), [`TokenOutOfRange`](Self::TokenOutOfRange) (an EOS id
+///   at or above the vocabulary size);
+/// - compiling ([`crate::GrammarCompiler::compile`]): [`InvalidSchemaJson`](Self::InvalidSchemaJson),
+///   [`Compile`](Self::Compile);
+/// - a matcher ([`crate::GrammarMatcher`]): [`TokenRejected`](Self::TokenRejected),
+///   [`TokenOutOfRange`](Self::TokenOutOfRange), [`Ended`](Self::Ended),
+///   [`RollbackTooFar`](Self::RollbackTooFar), [`BitmaskTooShort`](Self::BitmaskTooShort),
+///   [`BitmaskShape`](Self::BitmaskShape), [`Matcher`](Self::Matcher);
+/// - encoding text ([`crate::TokenEnv::encode`]): [`Tokenizer`](Self::Tokenizer).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GrammarError {
+    /// The tokenizer cannot be used: its JSON cannot be serialised or read, its decoder is
+    /// neither byte-level nor byte-fallback (so the bytes of its tokens are unknown), or
+    /// encoding a text failed. The message is the tokenizer's or llguidance's.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    /// A token is longer than llguidance's token trie can hold ([`crate::MAX_TOKEN_BYTES`]).
+    #[error(
+        "token {token} is {len} bytes long; the grammar engine takes tokens of at most {max} bytes"
+    )]
+    TokenTooLong {
+        /// The token id.
+        token: u32,
+        /// Its length in bytes.
+        len: usize,
+        /// The limit, [`crate::MAX_TOKEN_BYTES`].
+        max: usize,
+    },
+    /// The vocabulary size given is smaller than the tokenizer's (its largest id + 1), or is 0,
+    /// or is above [`crate::MAX_VOCAB_SIZE`].
+    #[error("vocabulary size {vocab_size} does not fit the tokenizer's {tokenizer_vocab} tokens (it must be at least that, and at most {max})")]
+    VocabTooSmall {
+        /// The vocabulary size passed in.
+        vocab_size: usize,
+        /// The tokenizer's number of ids (largest id + 1).
+        tokenizer_vocab: usize,
+        /// The largest vocabulary the trie supports.
+        max: usize,
+    },
+    /// No EOS token id was given: a matcher needs at least one to end a generation.
+    #[error("no EOS token id given: pass the ids that end a generation (e.g. <|im_end|>, </s>)")]
+    NoEosToken,
+    /// A token id at or above the vocabulary size.
+    #[error("token id {token} is out of range: the vocabulary has {vocab_size} ids")]
+    TokenOutOfRange {
+        /// The id.
+        token: u32,
+        /// The vocabulary size.
+        vocab_size: usize,
+    },
+    /// A JSON Schema given as text is not valid JSON (serde_json's message, with line and
+    /// column).
+    #[error("JSON Schema is not valid JSON: {0}")]
+    InvalidSchemaJson(String),
+    /// llguidance could not compile the grammar; the message is llguidance's and names the
+    /// problem (e.g. `oneOf constraints are not supported`, a regex syntax error, a Lark
+    /// parse error with its line).
+    #[error("{kind} does not compile: {message}")]
+    Compile {
+        /// What was being compiled.
+        kind: GrammarKind,
+        /// llguidance's message.
+        message: String,
+    },
+    /// The grammar does not allow this token here. The matcher is unchanged and still usable.
+    #[error("token {token} ({text:?}) is not allowed by the grammar here")]
+    TokenRejected {
+        /// The token id.
+        token: u32,
+        /// The token's text (its bytes, invalid UTF-8 replaced by U+FFFD).
+        text: String,
+    },
+    /// An EOS token was committed: the matcher takes no more tokens until it is rolled back.
+    #[error("the grammar has ended (an EOS token was committed); roll back to continue")]
+    Ended,
+    /// `rollback(n)` with `n` above the number of committed tokens.
+    #[error("cannot roll back {requested} tokens: only {committed} are committed")]
+    RollbackTooFar {
+        /// Tokens asked to roll back.
+        requested: usize,
+        /// Tokens committed (including a committed EOS).
+        committed: usize,
+    },
+    /// A bitmask row shorter than ceil(vocab_size / 32) words.
+    #[error(
+        "bitmask row has {len} words; the vocabulary of {vocab_size} ids needs at least {needed}"
+    )]
+    BitmaskTooShort {
+        /// The row length in u32 words.
+        len: usize,
+        /// The words needed, ceil(vocab_size / 32).
+        needed: usize,
+        /// The vocabulary size.
+        vocab_size: usize,
+    },
+    /// A batch bitmask whose length is not `matchers × row_words`.
+    #[error("batch bitmask has {len} words, expected {rows} rows of {row_words} words")]
+    BitmaskShape {
+        /// The bitmask length in u32 words.
+        len: usize,
+        /// The number of matchers (rows).
+        rows: usize,
+        /// The words per row given.
+        row_words: usize,
+    },
+    /// llguidance reported an error inside the matcher (e.g. no token can continue the
+    /// grammar, a lexer or parser limit was hit). The matcher is unusable from then on.
+    #[error("grammar matcher failed: {0}")]
+    Matcher(String),
+}
+
+/// `Result` with [`GrammarError`].
+pub type Result<T, E = GrammarError> = std::result::Result<T, E>;
