@@ -5,6 +5,9 @@
 //!   baselines, floors, timing), also driven by `benches/sampling.rs`.
 //! - [`sample`](mod@sample): `nucleus sample`, sampling real logits given as JSON lines or a
 //!   safetensors tensor, one JSON answer per row.
+//! - [`grammar`](mod@grammar): `nucleus grammar validate`, checking a text against a JSON
+//!   Schema, a regular expression or a Lark grammar.
 
 pub mod bench;
+pub mod grammar;
 pub mod sample;

@@ -3,7 +3,8 @@
 //! `nucleus generate` runs a GGUF Llama model and chooses every token with nucleus-sampling;
 //! `nucleus sample` samples logits given as JSON lines or a safetensors tensor
 //! (`nucleus_cli::sample`); `nucleus bench sampling` measures the sampler against baselines
-//! (`nucleus_cli::bench`).
+//! (`nucleus_cli::bench`); `nucleus grammar validate` checks a text against a grammar
+//! (`nucleus_cli::grammar`).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -34,6 +35,16 @@ enum Command {
     /// Measure speed against named baselines on generated data.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Structured output: check texts against JSON Schemas, regular expressions, Lark grammars.
+    #[command(subcommand)]
+    Grammar(GrammarCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum GrammarCommand {
+    /// Tokenise a text as a model would generate it and check it against a grammar: prints
+    /// `accepted` (exit 0) or where it is rejected (exit 1); errors exit 2.
+    Validate(nucleus_cli::grammar::ValidateArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -127,6 +138,9 @@ fn main() -> ExitCode {
         Command::Generate(args) => generate(args),
         Command::Sample(args) => sample(args),
         Command::Bench(BenchCommand::Sampling(args)) => bench_sampling(args),
+        Command::Grammar(GrammarCommand::Validate(args)) => {
+            Ok(nucleus_cli::grammar::validate_command(&args))
+        }
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,214 @@
+//! `nucleus grammar validate`: does a text match a JSON Schema, a regular expression or a Lark
+//! grammar, tokenised as a model would generate it?
+//!
+//! The logic is [`nucleus_grammar::validate_text`]; this module reads the flags and files,
+//! builds the tokenizer (a GGUF model's or a `tokenizer.json`), prints the verdict and picks the
+//! exit status:
+//!
+//! - `accepted` (exit 0): every token is accepted and the grammar may end after the last one;
+//! - `rejected at token I (id N, text "...")` (exit 1): the first token the grammar refuses,
+//!   counted from 0, with its id and its text (escaped as a Rust string literal);
+//! - `rejected at end of text (the grammar cannot end here)` (exit 1): every token is accepted
+//!   but the text is incomplete;
+//! - `error: ...` on stderr (exit 2): a grammar that does not compile (llguidance's message),
+//!   an unreadable file, a tokenizer or model that cannot be loaded. Bad flags are clap's usage
+//!   message, also exit 2.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{ArgGroup, Args};
+use nucleus_grammar::{
+    validate_text, GrammarCompiler, GrammarOptions, GrammarSpec, TokenEnv, Validation,
+    DEFAULT_MAX_WHITESPACE,
+};
+
+/// The flags of `nucleus grammar validate`.
+#[derive(Args, Debug, Clone)]
+#[command(group(ArgGroup::new("grammar_source").required(true).args(["json_schema", "regex", "grammar"])))]
+pub struct ValidateArgs {
+    /// A JSON Schema: the path of a file holding it, or else the schema itself as inline JSON.
+    #[arg(long, value_name = "S")]
+    pub json_schema: Option<String>,
+    /// A regular expression (Rust regex syntax) that the whole text must match.
+    #[arg(long, value_name = "RE")]
+    pub regex: Option<String>,
+    /// A file holding a Lark grammar (llguidance's dialect).
+    #[arg(long, value_name = "FILE.lark")]
+    pub grammar: Option<PathBuf>,
+    /// The text to validate (`-`: stdin). One trailing newline (`\n` or `\r\n`) is dropped.
+    #[arg(long, value_name = "FILE")]
+    pub text: PathBuf,
+    /// The GGUF model whose tokenizer to use. Default: $NUCLEUS_MODEL, else ggml-org/models
+    /// tinyllamas/stories260K.gguf from the Hugging Face hub cache (as `generate`).
+    #[arg(long, value_name = "PATH.gguf", conflicts_with = "tokenizer")]
+    pub model: Option<PathBuf>,
+    /// A Hugging Face tokenizer.json to use instead of a model's tokenizer.
+    #[arg(long, value_name = "tokenizer.json")]
+    pub tokenizer: Option<PathBuf>,
+    /// JSON Schema only: most whitespace characters in a row between JSON tokens (0: compact
+    /// JSON only; `none`: unbounded).
+    #[arg(long, value_name = "N", default_value = "8", value_parser = parse_max_whitespace)]
+    pub max_whitespace: MaxWhitespace,
+}
+
+/// The value of `--max-whitespace`: a bound, or `none`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaxWhitespace(pub Option<usize>);
+
+impl Default for MaxWhitespace {
+    fn default() -> Self {
+        MaxWhitespace(Some(DEFAULT_MAX_WHITESPACE))
+    }
+}
+
+fn parse_max_whitespace(s: &str) -> Result<MaxWhitespace, String> {
+    if s.eq_ignore_ascii_case("none") {
+        return Ok(MaxWhitespace(None));
+    }
+    s.parse::<usize>()
+        .map(|n| MaxWhitespace(Some(n)))
+        .map_err(|_| format!("expected a number of characters or `none`, got `{s}`"))
+}
+
+/// End tokens recognised by name when the tokenizer does not say which is its EOS.
+const END_TOKEN_NAMES: [&str; 8] = [
+    "<|im_end|>",
+    "<|endoftext|>",
+    "</s>",
+    "<|end_of_text|>",
+    "<|eot_id|>",
+    "<eos>",
+    "<end_of_turn>",
+    "<|end|>",
+];
+
+/// Runs `nucleus grammar validate`: prints the verdict on stdout (or `error: ...` on stderr)
+/// and returns the exit status (0 accepted, 1 rejected, 2 error).
+pub fn validate_command(args: &ValidateArgs) -> ExitCode {
+    match validate(args) {
+        Ok(verdict) => {
+            println!("{verdict}");
+            if verdict.is_accepted() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// The verdict of `nucleus grammar validate` for `args`.
+///
+/// Errors: unreadable files, a tokenizer or model that cannot be loaded, a grammar that does
+/// not compile (with llguidance's message).
+pub fn validate(args: &ValidateArgs) -> Result<Validation> {
+    let spec = grammar_spec(args)?;
+    let text = read_text(&args.text)?;
+    let env = token_env(args)?;
+    let compiler = GrammarCompiler::new(env)?;
+    let options = GrammarOptions {
+        max_whitespace: args.max_whitespace.0,
+    };
+    Ok(validate_text(&compiler, &spec, &options, &text)?)
+}
+
+fn grammar_spec(args: &ValidateArgs) -> Result<GrammarSpec> {
+    if let Some(schema) = &args.json_schema {
+        let path = Path::new(schema);
+        let text = if path.is_file() {
+            std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the JSON Schema {}", path.display()))?
+        } else {
+            schema.clone()
+        };
+        Ok(GrammarSpec::JsonSchema(text))
+    } else if let Some(rx) = &args.regex {
+        Ok(GrammarSpec::Regex(rx.clone()))
+    } else if let Some(path) = &args.grammar {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the grammar {}", path.display()))?;
+        Ok(GrammarSpec::Lark(text))
+    } else {
+        bail!("one of --json-schema, --regex or --grammar is required")
+    }
+}
+
+/// The text to validate, without one trailing newline.
+fn read_text(path: &Path) -> Result<String> {
+    let bytes = if path.as_os_str() == "-" {
+        let mut buf = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf).context("reading stdin")?;
+        buf
+    } else {
+        std::fs::read(path).with_context(|| format!("cannot read the text {}", path.display()))?
+    };
+    let mut text = String::from_utf8(bytes)
+        .map_err(|e| anyhow!("the text {} is not UTF-8: {e}", path.display()))?;
+    if text.ends_with('\n') {
+        text.pop();
+        if text.ends_with('\r') {
+            text.pop();
+        }
+    }
+    Ok(text)
+}
+
+/// The token environment of `--tokenizer`, else of `--model` (or the default model).
+fn token_env(args: &ValidateArgs) -> Result<TokenEnv> {
+    if let Some(path) = &args.tokenizer {
+        let tokenizer = tokenizers::Tokenizer::from_file(path)
+            .map_err(|e| anyhow!("cannot load the tokenizer {}: {e}", path.display()))?;
+        let eos = end_tokens(&tokenizer, None);
+        if eos.is_empty() {
+            bail!(
+                "the tokenizer {} has none of the end tokens {END_TOKEN_NAMES:?}",
+                path.display()
+            );
+        }
+        let vocab = tokenizer
+            .get_vocab(true)
+            .values()
+            .max()
+            .map_or(0, |&m| m as usize + 1);
+        return Ok(TokenEnv::from_tokenizer(&tokenizer, &eos, vocab)?);
+    }
+    let path = nucleus_engine::hub::resolve_model(args.model.as_deref())?;
+    let loaded = nucleus_engine::load_gguf(&path, &nucleus_engine::Device::Cpu)?;
+    let tokenizer = &loaded.tokenizer.tokenizer;
+    let eos = end_tokens(tokenizer, loaded.tokenizer.eos_token_id);
+    if eos.is_empty() {
+        bail!(
+            "the model {} has no EOS id and none of the end tokens {END_TOKEN_NAMES:?}",
+            path.display()
+        );
+    }
+    Ok(TokenEnv::from_tokenizer(
+        tokenizer,
+        &eos,
+        loaded.model.config().vocab_size,
+    )?)
+}
+
+/// The EOS ids: `declared` first, then the special tokens named like end tokens.
+fn end_tokens(tokenizer: &tokenizers::Tokenizer, declared: Option<u32>) -> Vec<u32> {
+    let mut ids: Vec<u32> = declared.into_iter().collect();
+    let mut named: Vec<u32> = tokenizer
+        .get_added_tokens_decoder()
+        .iter()
+        .filter(|(_, t)| t.special && END_TOKEN_NAMES.contains(&t.content.as_str()))
+        .map(|(&id, _)| id)
+        .collect();
+    named.sort_unstable();
+    for id in named {
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    ids
+}
