@@ -10,10 +10,21 @@
 //! A request with `n > 1` samples is prefilled once; its KV cache is then copied into `n`
 //! sequences that draw their first token from the same logits with sample indices `0..n`
 //! (the third word of the Philox counter) and continue independently.
+//!
+//! Structured output (seed 001 §05-07): a request may carry a grammar ([`Request::grammar`]),
+//! compiled once per engine and grammar by nucleus-grammar (llguidance) and matched per
+//! sample. Each step, while the forward pass runs, worker threads fill every grammar sample's
+//! token bitmask for the token that pass's logits will choose (rayon, in parallel across
+//! samples); the sampler masks the row at spec step 3, so EOS is possible only where the
+//! grammar may end. The sampled token is validated before it is committed; a sample whose
+//! grammar can take nothing more finishes with [`FinishReason::Stop`].
 
 use std::time::{Duration, Instant};
 
-use nucleus_sampling::{os_seed, sample_batch, LogitsView, SampleRequest, SamplingParams};
+use nucleus_grammar::{GrammarCompiler, GrammarMatcher, GrammarOptions, GrammarSpec, TokenEnv};
+use nucleus_sampling::{
+    bitmask_words, os_seed, sample_batch, LogitsView, SampleRequest, SamplingParams,
+};
 
 use crate::detokenize::{IncrementalDecoder, StopStrings};
 use crate::error::{EngineError, Result};
@@ -51,8 +62,17 @@ pub struct Request {
     /// Samples to draw for this prompt, 1 to [`MAX_SAMPLES_PER_REQUEST`]: sample `j` uses
     /// sample index `j`.
     pub n: usize,
-    /// Do not stop at the tokenizer's EOS.
+    /// Do not stop at the tokenizer's EOS. Not with a grammar (EOS is where a grammar ends).
     pub ignore_eos: bool,
+    /// Structured output: every sample's text must match this grammar (a JSON Schema, a
+    /// regular expression or a Lark grammar; see nucleus-grammar). EOS is allowed only where the
+    /// grammar may end; a sample whose grammar can take nothing more finishes with
+    /// [`FinishReason::Stop`]; one that reaches `max_tokens` first finishes with
+    /// [`FinishReason::Length`] and its incomplete text, as in vLLM. `None`: unconstrained.
+    pub grammar: Option<GrammarSpec>,
+    /// Options of [`Self::grammar`]: JSON whitespace is bounded to 8 characters in a row by
+    /// default.
+    pub grammar_options: GrammarOptions,
 }
 
 impl Request {
@@ -66,6 +86,8 @@ impl Request {
             stop_strings: Vec::new(),
             n: 1,
             ignore_eos: false,
+            grammar: None,
+            grammar_options: GrammarOptions::default(),
         }
     }
 }
@@ -75,7 +97,7 @@ impl Request {
 pub enum FinishReason {
     /// The model produced its end-of-sequence token.
     Eos,
-    /// A stop token id or a stop string.
+    /// A stop token id or a stop string, or the request's grammar can take no more text.
     Stop,
     /// `max_tokens` reached, or the model's context is full.
     Length,
@@ -164,6 +186,10 @@ struct Sequence {
     end_ids: Vec<u32>,
     decoder: IncrementalDecoder,
     stops: StopStrings,
+    /// The request's stop strings (to restart [`Self::stops`] after a rollback).
+    stop_strings: Vec<String>,
+    /// The sample's grammar state, when the request has a grammar.
+    matcher: Option<GrammarMatcher>,
 }
 
 /// The generation loop over one model.
@@ -176,6 +202,8 @@ pub struct Engine {
     metrics: Metrics,
     /// Candidate ids per row: the tokenizer's vocabulary when the model's rows are padded.
     vocab_size: usize,
+    /// Compiles and caches grammars for this tokenizer; built at the first grammar request.
+    grammars: Option<GrammarCompiler>,
 }
 
 impl Engine {
@@ -196,7 +224,27 @@ impl Engine {
             next_request_id: 0,
             metrics: Metrics::default(),
             vocab_size,
+            grammars: None,
         }
+    }
+
+    /// The engine's grammar compiler (built on first use from the tokenizer, its EOS id and
+    /// the model's row width).
+    ///
+    /// # Errors
+    /// [`EngineError::Grammar`] when the tokenizer cannot serve grammars (no EOS token, token
+    /// bytes llguidance cannot take).
+    pub fn grammar_compiler(&mut self) -> Result<&GrammarCompiler> {
+        if self.grammars.is_none() {
+            let eos: Vec<u32> = self.tokenizer.eos_token_id.into_iter().collect();
+            let env = TokenEnv::from_tokenizer(
+                &self.tokenizer.tokenizer,
+                &eos,
+                self.model.config().vocab_size,
+            )?;
+            self.grammars = Some(GrammarCompiler::new(env)?);
+        }
+        Ok(self.grammars.as_ref().expect("built above"))
     }
 
     /// The model.
@@ -249,8 +297,10 @@ impl Engine {
     /// [`EngineError::InvalidRequest`] for bad sampling parameters, `max_tokens == 0`,
     /// `n` outside `1..=MAX_SAMPLES_PER_REQUEST`, `params.n != 1` (the engine's samples are
     /// [`Request::n`]), an empty prompt, a prompt or stop token id
-    /// outside the vocabulary, or a prompt that fills the model's context; [`EngineError::Tokenizer`]; [`EngineError::Sampling`] when no
-    /// seed was given and the OS gave none.
+    /// outside the vocabulary, or a prompt that fills the model's context, `ignore_eos` with a
+    /// grammar; [`EngineError::Tokenizer`]; [`EngineError::Sampling`] when no
+    /// seed was given and the OS gave none; [`EngineError::Grammar`] when the grammar does
+    /// not compile (the message names the problem).
     pub fn add_request(&mut self, request: Request) -> Result<RequestInfo> {
         let invalid = |m: String| Err(EngineError::InvalidRequest(m));
         if let Err(e) = request.params.validate() {
@@ -305,6 +355,20 @@ impl Engine {
                 prompt_ids.len()
             ));
         }
+        let compiled = match &request.grammar {
+            Some(spec) => {
+                if request.ignore_eos {
+                    return invalid(
+                        "ignore_eos cannot be combined with a grammar: EOS is where the grammar \
+                         ends"
+                            .into(),
+                    );
+                }
+                let options = request.grammar_options;
+                Some(self.grammar_compiler()?.compile(spec, &options)?)
+            }
+            None => None,
+        };
         let mut params = request.params.clone();
         let seed = match params.seed {
             Some(seed) => seed,
@@ -342,6 +406,8 @@ impl Engine {
                     .collect(),
                 decoder: IncrementalDecoder::new(&prompt_ids),
                 stops: StopStrings::new(&request.stop_strings),
+                stop_strings: request.stop_strings.clone(),
+                matcher: compiled.as_ref().map(|g| g.matcher()),
             });
         }
         Ok(RequestInfo {
@@ -358,6 +424,56 @@ impl Engine {
         let before = self.seqs.len();
         self.seqs.retain(|s| s.request_id != request_id);
         self.seqs.len() != before
+    }
+
+    /// Undoes the last `n` generated tokens of a running sample, as for rejected speculative
+    /// draft tokens: its output ids, its KV cache length, its grammar state (nucleus-grammar's
+    /// rollback) and its detokeniser are restored to what they were `n` tokens ago, so the
+    /// next [`Engine::step`] chooses token `len - n` again (from the same logits and Philox
+    /// position: with the same parameters it draws the same token). Text already returned in a
+    /// [`StepOutput`] is not taken back: the text released afterwards continues from the new
+    /// end. `n == 0` does nothing.
+    ///
+    /// # Errors
+    /// [`EngineError::InvalidRequest`] when no running sample has this request id and sample
+    /// index, or `n` exceeds its generated tokens (nothing is changed then);
+    /// [`EngineError::Grammar`] when its grammar cannot roll back.
+    pub fn rollback(&mut self, request_id: u64, sample_index: u32, n: usize) -> Result<()> {
+        let Some(seq) = self
+            .seqs
+            .iter_mut()
+            .find(|s| s.request_id == request_id && s.sample_index == sample_index)
+        else {
+            return Err(EngineError::InvalidRequest(format!(
+                "no running sample {sample_index} of request {request_id} to roll back"
+            )));
+        };
+        let generated = seq.output_ids.len();
+        if n > generated {
+            return Err(EngineError::InvalidRequest(format!(
+                "cannot roll back {n} tokens: sample {sample_index} of request {request_id} \
+                 has generated {generated}"
+            )));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        if let Some(m) = &mut seq.matcher {
+            m.rollback(n)?;
+        }
+        seq.output_ids.truncate(generated - n);
+        let total: Vec<u32> = seq
+            .prompt_ids
+            .iter()
+            .chain(&seq.output_ids)
+            .copied()
+            .collect();
+        // The cache holds every token but the last, which the next step runs through the model.
+        seq.cache.truncate(total.len() - 1);
+        seq.pending = vec![total[total.len() - 1]];
+        seq.decoder = IncrementalDecoder::new(&total);
+        seq.stops = StopStrings::new(&seq.stop_strings);
+        Ok(())
     }
 
     /// Advances every live sample by one token: one forward pass over all of them, one batch
@@ -384,25 +500,64 @@ impl Engine {
             .map(|s| s.pending.len())
             .sum();
 
-        // Forward pass over all live rows.
-        let logits = {
-            let mut inputs: Vec<SeqInput<'_>> = Vec::with_capacity(runs.len());
-            let mut rest: &mut [Sequence] = &mut self.seqs;
-            let mut offset = 0;
-            for &i in &runs {
-                let (_, tail) = rest.split_at_mut(i - offset);
-                let (seq, after) = tail.split_first_mut().expect("index in range");
-                inputs.push(SeqInput {
-                    tokens: &seq.pending,
-                    cache: &mut seq.cache,
-                });
-                rest = after;
-                offset = i + 1;
-            }
-            let out = self.model.forward(&mut inputs)?;
-            out.flatten_all()?.to_vec1::<f32>()?
-        };
         let row_len = self.model.config().vocab_size;
+        let words = bitmask_words(row_len);
+        // Every live sample is sampled this step (forks join their sample 0's row), so every
+        // grammar sample needs its bitmask: slot `g` of `masks` for the g-th grammar sample in
+        // `self.seqs` order.
+        let grammar_slot: Vec<Option<usize>> = {
+            let mut g = 0;
+            self.seqs
+                .iter()
+                .map(|s| {
+                    s.matcher.as_ref().map(|_| {
+                        g += 1;
+                        g - 1
+                    })
+                })
+                .collect()
+        };
+        let n_grammar = grammar_slot.iter().flatten().count();
+        let mut masks = vec![0u32; n_grammar * words];
+
+        // The forward pass over all live rows and, on worker threads meanwhile, the grammar
+        // samples' bitmasks (their matchers already hold every committed token).
+        let (logits, fills) = {
+            let mut inputs: Vec<SeqInput<'_>> = Vec::with_capacity(runs.len());
+            let mut matchers: Vec<&mut GrammarMatcher> = Vec::with_capacity(n_grammar);
+            let mut next_run = runs.iter().peekable();
+            for (i, seq) in self.seqs.iter_mut().enumerate() {
+                let Sequence {
+                    pending,
+                    cache,
+                    matcher,
+                    ..
+                } = seq;
+                if next_run.peek() == Some(&&i) {
+                    next_run.next();
+                    inputs.push(SeqInput {
+                        tokens: pending,
+                        cache,
+                    });
+                }
+                if let Some(m) = matcher {
+                    matchers.push(m);
+                }
+            }
+            let model = &self.model;
+            let mut forward = || -> Result<Vec<f32>> {
+                let out = model.forward(&mut inputs)?;
+                Ok(out.flatten_all()?.to_vec1::<f32>()?)
+            };
+            if matchers.is_empty() {
+                (forward()?, Vec::new())
+            } else {
+                let (out, fills) = rayon::join(forward, || {
+                    nucleus_grammar::fill_bitmasks(&mut matchers, &mut masks, words)
+                });
+                (out?, fills)
+            }
+        };
 
         // Forks: samples 1..n of a request just prefilled copy sample 0's cache and logits row.
         let mut rows: Vec<(usize, usize)> = Vec::new(); // (sequence, logits row)
@@ -441,7 +596,7 @@ impl Engine {
                     position: (s.prompt_ids.len() + s.output_ids.len()) as u64,
                     sample_index: s.sample_index,
                     stop_token_ids: &s.end_ids,
-                    token_bitmask: None,
+                    token_bitmask: grammar_slot[k].map(|g| &masks[g * words..(g + 1) * words]),
                 }
             })
             .collect();
@@ -466,13 +621,40 @@ impl Engine {
                     .capture_logits
                     .then(|| batch[row * row_len..(row + 1) * row_len].to_vec()),
             };
-            match result {
-                Err(e) => out.finish = Some(FinishReason::Error(e.to_string())),
-                Ok(s) => {
-                    out.token = Some(s.token);
-                    out.logprob = s.logprob;
-                    seq.output_ids.push(s.token);
-                    out.finish = advance(seq, s.token, &self.tokenizer, context, &mut out.text);
+            let fill = grammar_slot[k].map(|g| &fills[g]);
+            match (result, fill) {
+                (_, Some(Err(e))) => {
+                    out.finish = Some(FinishReason::Error(format!(
+                        "grammar: cannot compute the allowed tokens: {e}"
+                    )))
+                }
+                (Err(e), _) => out.finish = Some(FinishReason::Error(e.to_string())),
+                (Ok(s), _) => {
+                    // Validate before commit: a token the grammar rejects is never committed.
+                    let rejected = seq.matcher.as_mut().and_then(|m| m.commit(s.token).err());
+                    if let Some(e) = rejected {
+                        out.finish = Some(FinishReason::Error(format!(
+                            "grammar: the sampled token was not committed: {e}"
+                        )));
+                    } else {
+                        out.token = Some(s.token);
+                        out.logprob = s.logprob;
+                        seq.output_ids.push(s.token);
+                        out.finish = advance(seq, s.token, &self.tokenizer, context, &mut out.text);
+                        // A grammar that can take no more text ends the sample (before
+                        // min_tokens, which would otherwise ban the only token it allows).
+                        if out.finish.is_none()
+                            && seq.matcher.as_ref().is_some_and(|m| m.is_ended())
+                        {
+                            seq.pending.clear();
+                            out.finish = Some(finish_sample(
+                                seq,
+                                &self.tokenizer,
+                                &mut out.text,
+                                FinishReason::Stop,
+                            ));
+                        }
+                    }
                 }
             }
             if out.finish.is_some() {
@@ -508,20 +690,8 @@ fn advance(
     text: &mut String,
 ) -> Option<FinishReason> {
     let tok = &tokenizer.tokenizer;
-    // Ends the sample: releases the text held back (an incomplete UTF-8 tail, a possible stop
-    // string prefix). A stop string completed by that tail makes the reason `Stop`.
     let finish = |seq: &mut Sequence, text: &mut String, reason: FinishReason| {
-        let rest = match seq.decoder.finish(tok) {
-            Ok(rest) => rest,
-            Err(e) => return FinishReason::Error(e.to_string()),
-        };
-        let check = seq.stops.push(&rest);
-        text.push_str(&check.text);
-        if check.stopped {
-            return FinishReason::Stop;
-        }
-        text.push_str(&seq.stops.take_pending());
-        reason
+        finish_sample(seq, tokenizer, text, reason)
     };
     if Some(token) == seq.eos_token_id {
         return Some(finish(seq, text, FinishReason::Eos));
@@ -545,4 +715,25 @@ fn advance(
     }
     seq.pending.push(token);
     None
+}
+
+/// Ends a sample: releases the text held back (an incomplete UTF-8 tail, a possible stop
+/// string prefix) into `text`. A stop string completed by that tail makes the reason `Stop`.
+fn finish_sample(
+    seq: &mut Sequence,
+    tokenizer: &GgufTokenizer,
+    text: &mut String,
+    reason: FinishReason,
+) -> FinishReason {
+    let rest = match seq.decoder.finish(&tokenizer.tokenizer) {
+        Ok(rest) => rest,
+        Err(e) => return FinishReason::Error(e.to_string()),
+    };
+    let check = seq.stops.push(&rest);
+    text.push_str(&check.text);
+    if check.stopped {
+        return FinishReason::Stop;
+    }
+    text.push_str(&seq.stops.take_pending());
+    reason
 }

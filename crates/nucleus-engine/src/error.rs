@@ -39,6 +39,11 @@ pub enum EngineError {
     /// Sampling failed for a request.
     #[error("sampling failed: {0}")]
     Sampling(#[from] nucleus_sampling::SampleError),
+    /// A request's grammar could not be used: it failed to compile (the message names the
+    /// problem), the tokenizer cannot serve grammars (no EOS token, a token llguidance cannot
+    /// take), or a rollback went past the grammar's start.
+    #[error("grammar: {0}")]
+    Grammar(#[from] nucleus_grammar::GrammarError),
 }
 
 /// `Result` with [`EngineError`].

@@ -56,5 +56,6 @@ pub use error::{EngineError, Result};
 pub use kv_cache::KvCache;
 pub use load::{load_gguf, LoadedModel};
 pub use model::{LlamaConfig, LlamaModel, SeqInput};
+pub use nucleus_grammar::{GrammarOptions, GrammarSpec};
 pub use nucleus_sampling::SamplingParams;
 pub use tokenizer::{GgufTokenizer, TokenizerKind};
