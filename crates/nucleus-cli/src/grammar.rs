@@ -63,7 +63,8 @@ impl Default for MaxWhitespace {
     }
 }
 
-fn parse_max_whitespace(s: &str) -> Result<MaxWhitespace, String> {
+/// Parses `--max-whitespace`: a number of characters, or `none`.
+pub fn parse_max_whitespace(s: &str) -> Result<MaxWhitespace, String> {
     if s.eq_ignore_ascii_case("none") {
         return Ok(MaxWhitespace(None));
     }
@@ -119,23 +120,41 @@ pub fn validate(args: &ValidateArgs) -> Result<Validation> {
 }
 
 fn grammar_spec(args: &ValidateArgs) -> Result<GrammarSpec> {
-    if let Some(schema) = &args.json_schema {
+    grammar_spec_from(
+        args.json_schema.as_deref(),
+        args.regex.as_deref(),
+        args.grammar.as_deref(),
+    )?
+    .ok_or_else(|| anyhow!("one of --json-schema, --regex or --grammar is required"))
+}
+
+/// The grammar named by `--json-schema S` (the path of an existing file holding the schema,
+/// else the schema itself as inline JSON), `--regex RE` or `--grammar FILE.lark`, the first
+/// one given; `None` when none is.
+///
+/// Errors: an unreadable schema or grammar file.
+pub fn grammar_spec_from(
+    json_schema: Option<&str>,
+    regex: Option<&str>,
+    grammar: Option<&Path>,
+) -> Result<Option<GrammarSpec>> {
+    if let Some(schema) = json_schema {
         let path = Path::new(schema);
         let text = if path.is_file() {
             std::fs::read_to_string(path)
                 .with_context(|| format!("cannot read the JSON Schema {}", path.display()))?
         } else {
-            schema.clone()
+            schema.to_string()
         };
-        Ok(GrammarSpec::JsonSchema(text))
-    } else if let Some(rx) = &args.regex {
-        Ok(GrammarSpec::Regex(rx.clone()))
-    } else if let Some(path) = &args.grammar {
+        Ok(Some(GrammarSpec::JsonSchema(text)))
+    } else if let Some(rx) = regex {
+        Ok(Some(GrammarSpec::Regex(rx.to_string())))
+    } else if let Some(path) = grammar {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read the grammar {}", path.display()))?;
-        Ok(GrammarSpec::Lark(text))
+        Ok(Some(GrammarSpec::Lark(text)))
     } else {
-        bail!("one of --json-schema, --regex or --grammar is required")
+        Ok(None)
     }
 }
 

@@ -13,7 +13,9 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
-use nucleus_engine::{hub, load_gguf, Engine, EngineConfig, FinishReason, Request, SamplingParams};
+use nucleus_engine::{
+    hub, load_gguf, Engine, EngineConfig, FinishReason, GrammarOptions, Request, SamplingParams,
+};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -126,6 +128,20 @@ struct GenerateArgs {
     /// Print the prompt before its completion.
     #[arg(long)]
     echo: bool,
+    /// Structured output: the completion is JSON valid under this JSON Schema (the path of a
+    /// file holding it, else the schema itself as inline JSON).
+    #[arg(long, value_name = "S", conflicts_with_all = ["regex", "grammar"])]
+    json_schema: Option<String>,
+    /// Structured output: the whole completion matches this regular expression.
+    #[arg(long, value_name = "RE", conflicts_with = "grammar")]
+    regex: Option<String>,
+    /// Structured output: the completion matches this Lark grammar (llguidance's dialect).
+    #[arg(long, value_name = "FILE.lark")]
+    grammar: Option<PathBuf>,
+    /// With --json-schema: most whitespace characters in a row between JSON tokens (0: compact
+    /// JSON; `none`: unbounded).
+    #[arg(long, value_name = "N", default_value = "8", value_parser = nucleus_cli::grammar::parse_max_whitespace)]
+    max_whitespace: nucleus_cli::grammar::MaxWhitespace,
 }
 
 fn main() -> ExitCode {
@@ -170,6 +186,14 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
         ..Default::default()
     };
     params.validate()?;
+    let grammar = nucleus_cli::grammar::grammar_spec_from(
+        args.json_schema.as_deref(),
+        args.regex.as_deref(),
+        args.grammar.as_deref(),
+    )?;
+    let grammar_options = GrammarOptions {
+        max_whitespace: args.max_whitespace.0,
+    };
     let path = hub::resolve_model(args.model.as_deref())?;
     let loaded = load_gguf(&path, &candle_device())?;
     let mut engine = Engine::new(loaded.model, loaded.tokenizer, EngineConfig::default());
@@ -183,6 +207,8 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
             max_tokens: args.max_tokens,
             stop_strings: args.stop.clone(),
             n: args.n,
+            grammar: grammar.clone(),
+            grammar_options,
             ..Request::new(prompt.clone())
         })?;
         ids.push(info.request_id);
