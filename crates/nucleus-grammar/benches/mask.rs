@@ -1,19 +1,25 @@
-//! Mask fill time per token: one request, and a batch of 32 filled in parallel (rayon), for
-//! MiniMind's tokenizer (6,400 ids) and for tiktoken's cl100k_base (100,277 ids).
+//! Mask fill time per token: one request, and a batch of 32 (one row after another on one
+//! thread, and filled in parallel with rayon's pool by `fill_bitmasks`), for MiniMind's
+//! tokenizer (6,400 ids) and for tiktoken's cl100k_base (100,277 ids).
 //!
 //! Workload: a JSON Schema with nested objects, an array, an enum and numbers, and a valid
 //! instance of it (below). A request walks the instance token by token; each timed iteration
-//! fills the mask at the request's next position (commits and rollbacks are not timed), so
-//! the figure is the mean mask time over every position of the instance. In the batch, the
-//! 32 requests start at staggered positions.
+//! fills the mask at the request's next position (commits, rollbacks and new matchers are not
+//! timed), so the figure is the mean mask time over every position of the instance. `single`
+//! rolls back at the end and walks again (its lexer states are warm after the first pass);
+//! `single_new_requests` starts each pass with a new matcher from the cached grammar, as a new
+//! request does (lexer states built again). In the batch, the 32 requests start at staggered
+//! positions and roll back.
 //!
 //! `cargo bench -p nucleus-grammar --bench mask`; figures in BENCHMARKS.md.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use nucleus_grammar::{
-    fill_bitmasks, GrammarCompiler, GrammarMatcher, GrammarOptions, GrammarSpec, TokenEnv,
+    fill_bitmasks, CompiledGrammar, GrammarCompiler, GrammarMatcher, GrammarOptions, GrammarSpec,
+    TokenEnv,
 };
 
 const SCHEMA: &str = r#"{
@@ -87,31 +93,40 @@ fn cl100k() -> (TokenEnv, Vec<u32>) {
     (env, tokens)
 }
 
-/// A request walking the instance: `step` commits its next token, wrapping around.
+/// A request walking the instance: `step` commits its next token; at the end it starts over,
+/// by rolling back (the matcher keeps the lexer states it has built) or, with `fresh`, as a
+/// new request (a new matcher from the cached grammar, whose lexer states are built anew).
 struct Walker {
     matcher: GrammarMatcher,
+    grammar: Arc<CompiledGrammar>,
     tokens: Vec<u32>,
+    fresh: bool,
 }
 
 impl Walker {
-    fn new(compiler: &GrammarCompiler, tokens: &[u32], start: usize) -> Self {
+    fn new(compiler: &GrammarCompiler, tokens: &[u32], start: usize, fresh: bool) -> Self {
         let spec = GrammarSpec::JsonSchema(SCHEMA.to_string());
-        let mut matcher = compiler.matcher(&spec, &GrammarOptions::default()).unwrap();
+        let grammar = compiler.compile(&spec, &GrammarOptions::default()).unwrap();
+        let mut matcher = grammar.matcher();
         for &t in &tokens[..start] {
             matcher.commit(t).unwrap();
         }
         Walker {
             matcher,
+            grammar,
             tokens: tokens.to_vec(),
+            fresh,
         }
     }
 
     fn step(&mut self) {
         let n = self.matcher.committed_len();
-        if n == self.tokens.len() {
-            self.matcher.rollback(n).unwrap();
-        } else {
+        if n < self.tokens.len() {
             self.matcher.commit(self.tokens[n]).unwrap();
+        } else if self.fresh {
+            self.matcher = self.grammar.matcher();
+        } else {
+            self.matcher.rollback(n).unwrap();
         }
     }
 }
@@ -122,25 +137,45 @@ fn bench_env(c: &mut Criterion, name: &str, env: TokenEnv, tokens: Vec<u32>) {
     let mut group = c.benchmark_group(format!("mask/{name}"));
 
     group.throughput(Throughput::Elements(1));
-    group.bench_function("single", |b| {
-        let mut walker = Walker::new(&compiler, &tokens, 0);
-        let mut row = vec![0u32; words];
+    for (name, fresh) in [("single", false), ("single_new_requests", true)] {
+        group.bench_function(name, |b| {
+            let mut walker = Walker::new(&compiler, &tokens, 0, fresh);
+            let mut row = vec![0u32; words];
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let t = Instant::now();
+                    walker.matcher.fill_bitmask(&mut row).unwrap();
+                    total += t.elapsed();
+                    walker.step();
+                }
+                total
+            });
+        });
+    }
+
+    group.throughput(Throughput::Elements(BATCH as u64));
+    group.bench_function(format!("batch{BATCH}_one_thread"), |b| {
+        let mut walkers: Vec<Walker> = (0..BATCH)
+            .map(|i| Walker::new(&compiler, &tokens, i * tokens.len() / BATCH, false))
+            .collect();
+        let mut bitmask = vec![0u32; BATCH * words];
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
                 let t = Instant::now();
-                walker.matcher.fill_bitmask(&mut row).unwrap();
+                for (w, row) in walkers.iter_mut().zip(bitmask.chunks_mut(words)) {
+                    w.matcher.fill_bitmask(row).unwrap();
+                }
                 total += t.elapsed();
-                walker.step();
+                walkers.iter_mut().for_each(Walker::step);
             }
             total
         });
     });
-
-    group.throughput(Throughput::Elements(BATCH as u64));
     group.bench_function(format!("batch{BATCH}"), |b| {
         let mut walkers: Vec<Walker> = (0..BATCH)
-            .map(|i| Walker::new(&compiler, &tokens, i * tokens.len() / BATCH))
+            .map(|i| Walker::new(&compiler, &tokens, i * tokens.len() / BATCH, false))
             .collect();
         let mut bitmask = vec![0u32; BATCH * words];
         b.iter_custom(|iters| {
