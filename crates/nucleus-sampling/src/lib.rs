@@ -29,6 +29,10 @@
 //!   so users can add their own; [`ProcessorConfig`] is a chain's configuration as serde data
 //!   (JSON such as `[{"top_k": {"k": 50}}, {"temperature": {"t": 0.8}}, {"sample": {"seed": 42}}]`);
 //!   [`SamplerChain::from_params`] is the fixed `SamplingParams` path as a chain.
+//! - [`top_k_top_p_sample`] (module [`npu`]): the fused top-k -> top-p -> min-p ->
+//!   exponential-sampling operator with the semantics of Ascend's
+//!   `torch_npu.npu_top_k_top_p_sample` (`spec/npu_top_k_top_p_sample.md`), exact and in
+//!   linear time per row.
 //!
 //! A decode step:
 //!
@@ -64,6 +68,7 @@ pub mod bitmask;
 pub mod chain;
 mod error;
 mod kernels;
+pub mod npu;
 mod params;
 pub mod philox;
 mod sampler;
@@ -76,6 +81,10 @@ pub use chain::{
     ChainError, LogitsProcessor, ProcessorConfig, ProcessorContext, SamplerChain, Selection,
 };
 pub use error::{BitmaskError, ParamError, SampleError, ShapeError};
+pub use npu::{
+    top_k_top_p_sample, QIndexing, TopKTopPError, TopKTopPRowError, TopKTopPSampleOptions,
+    TopKTopPSampleOutput,
+};
 pub use params::{LogprobsKind, SamplingParams, GREEDY_TEMPERATURE, LOGIT_BIAS_LIMIT, MAX_N};
 pub use sampler::{
     distribution, distribution_from_probs, os_seed, sample_batch, sample_row,

@@ -557,10 +557,10 @@ pub fn os_seed() -> Result<u64, SampleError> {
 
 /// A candidate token: its (penalised, pre-temperature) logit, id and weight `exp((l-max)/T)`.
 #[derive(Clone, Copy, Debug)]
-struct Cand {
-    logit: f32,
-    id: u32,
-    w: f32,
+pub(crate) struct Cand {
+    pub(crate) logit: f32,
+    pub(crate) id: u32,
+    pub(crate) w: f32,
 }
 
 /// The order of filtering: better = larger logit, then lower id. Total and strict (ids differ).
@@ -575,7 +575,7 @@ fn better(a: &Cand, b: &Cand) -> Ordering {
 /// A u64 whose ascending order is [`better`]'s: the logit's total-order bits, inverted, above
 /// the id. Cheaper to compare than two fields.
 #[inline(always)]
-fn rank_key(c: &Cand) -> u64 {
+pub(crate) fn rank_key(c: &Cand) -> u64 {
     rank_key_of(c.logit, c.id)
 }
 
@@ -1108,7 +1108,7 @@ pub(crate) fn non_finite(row: &[f32]) -> SampleError {
 /// The exactly-`keep` best tokens (value desc, id asc) among the values above `floor` whose
 /// ids are not set in the bitset `exclude` (empty: none excluded), into `out` (unordered), in
 /// one vectorised pass that also reports whether any value is NaN or +inf. `keep >= 1`.
-fn scan_top(
+pub(crate) fn scan_top(
     logits: &[f32],
     floor: f32,
     keep: usize,
@@ -1238,7 +1238,7 @@ fn scan_window(
 
 /// Appends to `out` every token above `floor` whose value is `>= cut`, in id order, in one
 /// vectorised pass of compares.
-fn collect(logits: &[f32], floor: f32, cut: f32, out: &mut Vec<Cand>, split: bool) {
+pub(crate) fn collect(logits: &[f32], floor: f32, cut: f32, out: &mut Vec<Cand>, split: bool) {
     if split {
         let size = piece(logits.len());
         let parts: Vec<Vec<Cand>> = logits
@@ -1271,7 +1271,7 @@ fn collect(logits: &[f32], floor: f32, cut: f32, out: &mut Vec<Cand>, split: boo
 
 /// The lowest index whose value is `>= t`, in a vectorised pass that stops there. For rows
 /// already checked for NaN (a NaN would count as a hit).
-fn first_at_least(values: &[f32], t: f32) -> Option<usize> {
+pub(crate) fn first_at_least(values: &[f32], t: f32) -> Option<usize> {
     match kernels::isa() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `isa()` reports AVX-512F only when the CPU has it.
