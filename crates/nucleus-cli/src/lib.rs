@@ -7,7 +7,11 @@
 //!   safetensors tensor, one JSON answer per row.
 //! - [`grammar`](mod@grammar): `nucleus grammar validate`, checking a text against a JSON
 //!   Schema, a regular expression or a Lark grammar.
+//! - [`npu_sample`](mod@npu_sample): `nucleus top-k-top-p-sample`, the Ascend-compatible fused
+//!   top-k / top-p / exponential-sampling operator on calls given as JSON lines or a
+//!   safetensors file, one JSON answer per call.
 
 pub mod bench;
 pub mod grammar;
+pub mod npu_sample;
 pub mod sample;

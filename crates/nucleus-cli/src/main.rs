@@ -34,6 +34,9 @@ enum Command {
     Generate(GenerateArgs),
     /// Sample real logits: JSON lines in (a file or stdin), one JSON answer per row out.
     Sample(SampleArgs),
+    /// Ascend's fused top-k -> top-p -> exponential sampling (npu_top_k_top_p_sample): one
+    /// call per JSON line (or a safetensors file), one JSON answer per call.
+    TopKTopPSample(nucleus_cli::npu_sample::NpuSampleArgs),
     /// Measure speed against named baselines on generated data.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -54,6 +57,9 @@ enum BenchCommand {
     /// Time nucleus-sampling, a sort-based reference and candle's LogitsProcessor on seeded
     /// synthetic logits, against a max pass and a max+sum-of-exp pass; prints a Markdown table.
     Sampling(BenchSamplingArgs),
+    /// Time top_k_top_p_sample against the literal sort-based computation and a max pass;
+    /// prints a Markdown table.
+    NpuSample(nucleus_cli::bench::npu_sample::BenchNpuSampleArgs),
 }
 
 #[derive(Args, Debug)]
@@ -153,7 +159,12 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Generate(args) => generate(args),
         Command::Sample(args) => sample(args),
+        Command::TopKTopPSample(args) => Ok(nucleus_cli::npu_sample::command(&args)),
         Command::Bench(BenchCommand::Sampling(args)) => bench_sampling(args),
+        Command::Bench(BenchCommand::NpuSample(args)) => {
+            nucleus_cli::bench::npu_sample::run(&args, &mut std::io::stdout())
+                .map(|()| ExitCode::SUCCESS)
+        }
         Command::Grammar(GrammarCommand::Validate(args)) => {
             Ok(nucleus_cli::grammar::validate_command(&args))
         }

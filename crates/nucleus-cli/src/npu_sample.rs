@@ -1,0 +1,830 @@
+//! `nucleus top-k-top-p-sample`: nucleus-sampling's
+//! [`top_k_top_p_sample`](nucleus_sampling::npu::top_k_top_p_sample) (the Ascend
+//! `torch_npu.npu_top_k_top_p_sample` contract) on calls read from a file or a pipe, one JSON
+//! answer per call.
+//!
+//! # Input
+//!
+//! JSON lines (`--input FILE`, or stdin: no `--input`, or `--input -`), one whole call each:
+//!
+//! ```json
+//! {"logits": [[1, 3, 2, 3]], "top_k": [2], "top_p": [1.0], "q": [[1, 1, 0.5, 1]], "eps": 1e-8,
+//!  "is_need_logits": true, "min_ps": null, "ks_max": 1024, "input_is_logits": true,
+//!  "q_indexing": "token_id"}
+//! ```
+//!
+//! `logits` (`[B, V]`, every row the same length), `top_k` (`[B]` integers) and `top_p` (`[B]`)
+//! are required; the rest is optional with the spec's defaults ([`CallInput`]). Numbers may be
+//! the strings `"-inf"`, `"inf"`, `"nan"` ([`Lenient`]); float values are rounded to f32, and
+//! a finite number beyond the f32 range is an `invalid_call` error naming its place. `null` is
+//! a field left out; unknown fields are errors. Lines that [`str::trim`] leaves empty are
+//! skipped; a UTF-8 byte order mark at the start is ignored.
+//!
+//! Or `--tensors FILE.safetensors` ([`run_safetensors`]): tensors `logits` (f32, f16 or bf16,
+//! `[B, V]`), `top_k` (i32, `[B]`), `top_p` (`[B]`, the dtype of `logits` or f32), optional `q`
+//! (f32, `[B, V]`) and `min_ps` (`[B]`, the dtype of `top_p`), one call, with the scalar
+//! attributes from `--attrs` (a JSON object, inline or the path of a file: [`AttrsInput`]).
+//!
+//! # Output
+//!
+//! One line per call ([`Answer`]):
+//!
+//! ```json
+//! {"logits_select_idx":[1],"logits_top_kp_select":[["-inf",3.0,"-inf",3.0]],"row_errors":[null]}
+//! ```
+//!
+//! `logits_top_kp_select` is `null` without `is_need_logits`; `-inf` is written as the string
+//! `"-inf"`. A row that failed has `-1` in `logits_select_idx` and `{"kind", "message"}` in
+//! `row_errors` (kinds: `non_finite_logits`, `invalid_probability`, `no_candidates`,
+//! `invalid_top_p`, `invalid_min_p`, `invalid_q`); the other rows are computed. A call that
+//! is invalid as a whole gets `{"error": {"kind": "...", "message": "..."}}` ([`CallError`]:
+//! `invalid_json`, `invalid_call`, `shape_mismatch`, `dtype_mismatch`, `invalid_attribute`),
+//! and the next lines are answered all the same.
+//!
+//! # Exit status
+//!
+//! 0 when every call got an answer (an error answer included); 2 for bad flags, an unreadable
+//! input file, a file that is not safetensors, or a bad `--attrs`; 1 when writing fails.
+
+use std::fmt;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::mpsc;
+
+use clap::Args;
+use half::{bf16, f16};
+use nucleus_sampling::npu::{
+    top_k_top_p_sample, QIndexing, TopKTopPError, TopKTopPRowError, TopKTopPSampleOptions,
+    TopKTopPSampleOutput,
+};
+use nucleus_sampling::{InputKind, LogitValue, LogitsView};
+use rayon::prelude::*;
+use safetensors::{Dtype, SafeTensors};
+use serde::{Deserialize, Serialize, Serializer};
+
+use crate::sample::input::{Lenient, Object, Row};
+use crate::sample::{from_json, JsonError};
+
+/// The flags of `nucleus top-k-top-p-sample`.
+#[derive(Args, Debug, Clone, Default)]
+pub struct NpuSampleArgs {
+    /// JSON lines, one call each (default, or `-`: stdin).
+    #[arg(long, value_name = "FILE", conflicts_with = "tensors")]
+    pub input: Option<PathBuf>,
+    /// Instead of JSON lines: a safetensors file holding one call (tensors `logits`, `top_k`,
+    /// `top_p`, optional `q` and `min_ps`).
+    #[arg(long, value_name = "FILE.safetensors")]
+    pub tensors: Option<PathBuf>,
+    /// With --tensors: the scalar attributes, a JSON object (the path of a file holding it,
+    /// else inline JSON) with `eps`, `is_need_logits`, `top_k_guess`, `ks_max`,
+    /// `input_is_logits`, `q_indexing`; default: the spec's defaults.
+    // `requires` alone lets `--input F --attrs A` through (clap allows a missing requirement
+    // when it conflicts with a present argument), hence the conflict as well.
+    #[arg(
+        long,
+        value_name = "JSON",
+        requires = "tensors",
+        conflicts_with = "input"
+    )]
+    pub attrs: Option<String>,
+}
+
+/// Lines answered together in one parallel block.
+pub const BLOCK: usize = 64;
+
+/// Why a whole call got no answer: `kind` is a stable snake_case name.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CallError {
+    /// `invalid_json`, `invalid_call`, `shape_mismatch`, `dtype_mismatch` or
+    /// `invalid_attribute`.
+    pub kind: &'static str,
+    /// What was wrong, in words.
+    pub message: String,
+}
+
+impl CallError {
+    fn new(kind: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    fn invalid_call(message: impl Into<String>) -> Self {
+        Self::new("invalid_call", message)
+    }
+}
+
+impl From<TopKTopPError> for CallError {
+    fn from(e: TopKTopPError) -> Self {
+        let kind = match e {
+            TopKTopPError::LengthMismatch { .. } | TopKTopPError::QShape { .. } => "shape_mismatch",
+            TopKTopPError::DtypeMismatch { .. } => "dtype_mismatch",
+            TopKTopPError::InvalidAttribute { .. } => "invalid_attribute",
+        };
+        Self::new(kind, e.to_string())
+    }
+}
+
+/// `"token_id"` or `"sorted_rank"` ([`QIndexing`]).
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum QIndexingInput {
+    /// [`QIndexing::TokenId`].
+    TokenId,
+    /// [`QIndexing::SortedRank`].
+    SortedRank,
+}
+
+/// The scalar attributes, every one optional (the spec's defaults): the fields of a JSON call
+/// line besides the tensors, and the object of `--attrs`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttrsInput {
+    /// Added to `q` (default 1e-8).
+    pub eps: Option<Lenient>,
+    /// Return `logits_top_kp_select` (default false).
+    pub is_need_logits: Option<bool>,
+    /// Accepted for compatibility (default 32); no effect.
+    pub top_k_guess: Option<i64>,
+    /// The largest top-k that is on (default 1024).
+    pub ks_max: Option<i64>,
+    /// Logits (default true) or probabilities.
+    pub input_is_logits: Option<bool>,
+    /// How `q` is indexed (default `"token_id"`).
+    pub q_indexing: Option<QIndexingInput>,
+}
+
+impl AttrsInput {
+    /// The options and the input kind these attributes spell.
+    pub fn to_options(&self) -> (TopKTopPSampleOptions, InputKind) {
+        let d = TopKTopPSampleOptions::default();
+        let options = TopKTopPSampleOptions {
+            eps: self.eps.map_or(d.eps, |Lenient(e)| e),
+            is_need_logits: self.is_need_logits.unwrap_or(d.is_need_logits),
+            top_k_guess: self.top_k_guess.unwrap_or(d.top_k_guess),
+            ks_max: self.ks_max.unwrap_or(d.ks_max),
+            q_indexing: match self.q_indexing {
+                None => d.q_indexing,
+                Some(QIndexingInput::TokenId) => QIndexing::TokenId,
+                Some(QIndexingInput::SortedRank) => QIndexing::SortedRank,
+            },
+        };
+        let kind = match self.input_is_logits {
+            Some(false) => InputKind::Probs,
+            _ => InputKind::Logits,
+        };
+        (options, kind)
+    }
+}
+
+/// One JSON line: a whole call.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallInput {
+    /// `[B, V]`: the rows (logits, or probabilities with `input_is_logits: false`).
+    pub logits: Vec<Row>,
+    /// `[B]` integers.
+    pub top_k: Vec<i32>,
+    /// `[B]`.
+    pub top_p: Vec<Lenient>,
+    /// `[B, V]` or absent.
+    pub q: Option<Vec<Row>>,
+    /// `[B]` or absent.
+    pub min_ps: Option<Vec<Lenient>>,
+    /// See [`AttrsInput`].
+    pub eps: Option<Lenient>,
+    /// See [`AttrsInput`].
+    pub is_need_logits: Option<bool>,
+    /// See [`AttrsInput`].
+    pub top_k_guess: Option<i64>,
+    /// See [`AttrsInput`].
+    pub ks_max: Option<i64>,
+    /// See [`AttrsInput`].
+    pub input_is_logits: Option<bool>,
+    /// See [`AttrsInput`].
+    pub q_indexing: Option<QIndexingInput>,
+}
+
+/// An f32 written as a JSON number when finite, else `"-inf"`, `"inf"` or `"nan"`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct JsonF32(f32);
+
+impl Serialize for JsonF32 {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let v = self.0;
+        if v.is_finite() {
+            s.serialize_f32(v)
+        } else if v.is_nan() {
+            s.serialize_str("nan")
+        } else if v > 0.0 {
+            s.serialize_str("inf")
+        } else {
+            s.serialize_str("-inf")
+        }
+    }
+}
+
+/// A row's error in an answer.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RowErrorOut {
+    /// `non_finite_logits`, `invalid_probability`, `no_candidates`, `invalid_top_p`,
+    /// `invalid_min_p` or `invalid_q`.
+    pub kind: &'static str,
+    /// The library's message.
+    pub message: String,
+}
+
+impl From<&TopKTopPRowError> for RowErrorOut {
+    fn from(e: &TopKTopPRowError) -> Self {
+        let kind = match e {
+            TopKTopPRowError::NonFiniteLogits { .. } => "non_finite_logits",
+            TopKTopPRowError::InvalidProbability { .. } => "invalid_probability",
+            TopKTopPRowError::NoCandidates => "no_candidates",
+            TopKTopPRowError::InvalidTopP => "invalid_top_p",
+            TopKTopPRowError::InvalidMinP => "invalid_min_p",
+            TopKTopPRowError::InvalidQ { .. } => "invalid_q",
+        };
+        Self {
+            kind,
+            message: e.to_string(),
+        }
+    }
+}
+
+/// The answer to one call.
+#[derive(Debug, Serialize)]
+pub struct Answer {
+    logits_select_idx: Vec<i64>,
+    logits_top_kp_select: Option<Vec<Vec<JsonF32>>>,
+    row_errors: Vec<Option<RowErrorOut>>,
+}
+
+impl Answer {
+    /// The answer for an output of `vocab` ids per row.
+    pub fn new(out: TopKTopPSampleOutput, vocab: usize) -> Self {
+        Self {
+            logits_top_kp_select: out.logits_top_kp_select.map(|s| {
+                s.chunks(vocab.max(1))
+                    .map(|r| r.iter().map(|&v| JsonF32(v)).collect())
+                    .collect()
+            }),
+            row_errors: out
+                .row_status
+                .iter()
+                .map(|s| s.as_ref().err().map(RowErrorOut::from))
+                .collect(),
+            logits_select_idx: out.logits_select_idx,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct ErrorLine<'a> {
+    error: &'a CallError,
+}
+
+/// One output line (without its newline).
+pub fn line(result: &Result<Answer, CallError>) -> Vec<u8> {
+    let bytes = match result {
+        Ok(answer) => serde_json::to_vec(answer),
+        Err(error) => serde_json::to_vec(&ErrorLine { error }),
+    };
+    bytes.unwrap_or_else(|e| {
+        let error = CallError::new("internal", format!("could not write the answer: {e}"));
+        serde_json::to_vec(&ErrorLine { error: &error }).unwrap_or_default()
+    })
+}
+
+/// Parses one JSON line into a call: `invalid_json` when it is not JSON, `invalid_call` when it
+/// is JSON of the wrong shape (the message starts with the JSON path of the bad value).
+pub fn parse_call(text: &[u8]) -> Result<CallInput, CallError> {
+    std::str::from_utf8(text)
+        .map_err(|e| CallError::new("invalid_json", format!("not valid JSON: not UTF-8 ({e})")))?;
+    match from_json::<Object<CallInput>>(text) {
+        Ok(Object(call)) => Ok(call),
+        Err(JsonError::Shape(message)) => Err(CallError::invalid_call(message)),
+        Err(JsonError::Syntax(e)) => Err(CallError::new(
+            "invalid_json",
+            format!("not valid JSON: {e}"),
+        )),
+    }
+}
+
+/// `[B, V]` rows as one row-major vector, every value within the f32 range.
+fn matrix(
+    field: &str,
+    rows: Vec<Row>,
+    want: Option<(usize, usize)>,
+) -> Result<Vec<f32>, CallError> {
+    let shape_error = |m: String| CallError::new("shape_mismatch", m);
+    if let Some((batch, _)) = want {
+        if rows.len() != batch {
+            return Err(shape_error(format!(
+                "`{field}` has {} rows for {batch} logits rows",
+                rows.len()
+            )));
+        }
+    }
+    let vocab = match want {
+        Some((_, v)) => v,
+        None => rows.first().map_or(0, |r| r.values.len()),
+    };
+    let mut flat = Vec::with_capacity(rows.len() * vocab);
+    for (b, row) in rows.into_iter().enumerate() {
+        let values = row
+            .check_range(&format!("{field}[{b}]"))
+            .map_err(CallError::invalid_call)?;
+        if values.len() != vocab {
+            return Err(shape_error(format!(
+                "`{field}[{b}]` has {} values, but {} has {vocab}: `{field}` must be [batch, vocab]",
+                values.len(),
+                if want.is_some() {
+                    "each logits row"
+                } else {
+                    "row 0"
+                }
+            )));
+        }
+        flat.extend_from_slice(&values);
+    }
+    Ok(flat)
+}
+
+/// A list of f32 values, every finite value within the f32 range.
+fn floats(field: &str, list: &[Lenient]) -> Result<Vec<f32>, CallError> {
+    list.iter()
+        .enumerate()
+        .map(|(i, &Lenient(v))| {
+            let r = v as f32;
+            if v.is_finite() && r.is_infinite() {
+                Err(CallError::invalid_call(format!(
+                    "{field}[{i}] = {v:e} is outside the f32 range (about ±3.4e38)"
+                )))
+            } else {
+                Ok(r)
+            }
+        })
+        .collect()
+}
+
+/// Answers one parsed call.
+///
+/// # Errors
+/// `invalid_call` (no rows, empty rows, values beyond f32), `shape_mismatch` (ragged rows, a
+/// `q` of another shape, per-row lists of another length), `invalid_attribute` (`eps`,
+/// `ks_max`).
+pub fn answer_call(call: CallInput) -> Result<Answer, CallError> {
+    let (options, kind) = AttrsInput {
+        eps: call.eps,
+        is_need_logits: call.is_need_logits,
+        top_k_guess: call.top_k_guess,
+        ks_max: call.ks_max,
+        input_is_logits: call.input_is_logits,
+        q_indexing: call.q_indexing,
+    }
+    .to_options();
+    let batch = call.logits.len();
+    if batch == 0 {
+        return Err(CallError::invalid_call(
+            "`logits` has no rows: give [batch, vocab] with batch >= 1",
+        ));
+    }
+    let data = matrix("logits", call.logits, None)?;
+    let vocab = data.len() / batch;
+    if vocab == 0 {
+        return Err(CallError::invalid_call(
+            "the `logits` rows are empty: at least one token is needed",
+        ));
+    }
+    let q = call
+        .q
+        .map(|q| matrix("q", q, Some((batch, vocab))))
+        .transpose()?;
+    let top_p = floats("top_p", &call.top_p)?;
+    let min_ps = call
+        .min_ps
+        .as_deref()
+        .map(|m| floats("min_ps", m))
+        .transpose()?;
+    let view = LogitsView::dense(&data, batch, vocab)
+        .map_err(|e| CallError::new("shape_mismatch", e.to_string()))?
+        .with_kind(kind);
+    let out = top_k_top_p_sample(
+        &view,
+        &call.top_k,
+        &top_p,
+        q.as_deref(),
+        min_ps.as_deref(),
+        &options,
+    )?;
+    Ok(Answer::new(out, vocab))
+}
+
+/// The answer line for one input line.
+pub fn answer_line(text: &[u8]) -> Vec<u8> {
+    line(&parse_call(text).and_then(answer_call))
+}
+
+/// Why the command stopped before answering every call.
+#[derive(Debug)]
+pub enum RunError {
+    /// The input cannot be read or used as a whole: exit status 2.
+    Input(String),
+    /// Writing the answers failed.
+    Output(io::Error),
+}
+
+impl From<io::Error> for RunError {
+    fn from(e: io::Error) -> Self {
+        RunError::Output(e)
+    }
+}
+
+fn is_blank(line: &[u8]) -> bool {
+    std::str::from_utf8(line).is_ok_and(|l| l.trim().is_empty())
+}
+
+const BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// Answers every non-blank line of `input` on `out`, in input order; lines are read on a thread
+/// of their own, answered in blocks of up to [`BLOCK`] in parallel (as many as have arrived),
+/// and `out` is flushed after each block.
+///
+/// # Errors
+/// [`RunError::Input`] when reading fails (earlier lines are answered first);
+/// [`RunError::Output`] when writing fails.
+pub fn run_jsonl(input: Box<dyn Read + Send>, out: &mut dyn Write) -> Result<(), RunError> {
+    let (tx, rx) = mpsc::sync_channel::<io::Result<Vec<u8>>>(2 * BLOCK);
+    std::thread::spawn(move || {
+        let mut reader = BufReader::with_capacity(1 << 20, input);
+        let mut first = true;
+        loop {
+            let mut line = Vec::new();
+            let read = reader.read_until(b'\n', &mut line);
+            if first && read.as_ref().is_ok_and(|&n| n > 0) {
+                first = false;
+                if line.starts_with(BOM) {
+                    line.drain(..BOM.len());
+                }
+            }
+            match read {
+                Ok(0) => return,
+                Ok(_) if is_blank(&line) => continue,
+                Ok(_) => {
+                    while line.last().is_some_and(|&b| b == b'\n' || b == b'\r') {
+                        line.pop();
+                    }
+                    if tx.send(Ok(line)).is_err() {
+                        return;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            }
+        }
+    });
+    let mut block: Vec<Vec<u8>> = Vec::with_capacity(BLOCK);
+    let mut failure = None;
+    while failure.is_none() {
+        block.clear();
+        match rx.recv() {
+            Ok(Ok(line)) => block.push(line),
+            Ok(Err(e)) => failure = Some(e),
+            Err(mpsc::RecvError) => break,
+        }
+        while failure.is_none() && !block.is_empty() && block.len() < BLOCK {
+            match rx.try_recv() {
+                Ok(Ok(line)) => block.push(line),
+                Ok(Err(e)) => failure = Some(e),
+                Err(_) => break,
+            }
+        }
+        let answers: Vec<Vec<u8>> = block.par_iter().map(|l| answer_line(l)).collect();
+        for answer in &answers {
+            out.write_all(answer)?;
+            out.write_all(b"\n")?;
+        }
+        out.flush()?;
+    }
+    match failure {
+        Some(e) => Err(RunError::Input(format!("cannot read the input: {e}"))),
+        None => Ok(()),
+    }
+}
+
+/// Reads `--attrs`: the path of a file holding a JSON object, else the object itself.
+///
+/// # Errors
+/// A message naming the bad field (`ks_max: invalid type: ...`) or saying the text is not JSON.
+pub fn read_attrs(text: &str) -> Result<AttrsInput, String> {
+    let path = Path::new(text);
+    let bytes = if !text.trim_start().starts_with('{') && path.is_file() {
+        std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?
+    } else {
+        text.as_bytes().to_vec()
+    };
+    match from_json::<Object<AttrsInput>>(&bytes) {
+        Ok(Object(a)) => Ok(a),
+        Err(JsonError::Shape(m)) => Err(format!("--attrs: {m}")),
+        Err(JsonError::Syntax(e)) => Err(format!(
+            "--attrs is neither a readable file nor a JSON object: {e}"
+        )),
+    }
+}
+
+/// A float tensor's values in its own element type.
+enum Floats {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    Bf16(Vec<bf16>),
+}
+
+impl Floats {
+    fn dtype(&self) -> &'static str {
+        match self {
+            Floats::F32(_) => "F32",
+            Floats::F16(_) => "F16",
+            Floats::Bf16(_) => "BF16",
+        }
+    }
+}
+
+const TENSOR_NAMES: [&str; 5] = ["logits", "top_k", "top_p", "q", "min_ps"];
+
+/// The tensors of one call, checked for rank and dtype.
+struct Tensors {
+    batch: usize,
+    vocab: usize,
+    logits: Floats,
+    top_k: Vec<i32>,
+    top_p: Floats,
+    q: Option<Vec<f32>>,
+    min_ps: Option<Floats>,
+}
+
+fn read_floats(name: &str, t: &safetensors::tensor::TensorView<'_>) -> Result<Floats, CallError> {
+    let raw = t.data();
+    let halves = || {
+        raw.chunks_exact(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+    };
+    match t.dtype() {
+        Dtype::F32 => Ok(Floats::F32(
+            raw.chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+        )),
+        Dtype::F16 => Ok(Floats::F16(halves().map(f16::from_bits).collect())),
+        Dtype::BF16 => Ok(Floats::Bf16(halves().map(bf16::from_bits).collect())),
+        other => Err(CallError::new(
+            "dtype_mismatch",
+            format!("tensor `{name}` is {other:?}: expected F32, F16 or BF16"),
+        )),
+    }
+}
+
+fn rank_error(name: &str, shape: &[usize], want: &str) -> CallError {
+    CallError::new(
+        "shape_mismatch",
+        format!("tensor `{name}` has shape {shape:?}: expected {want}"),
+    )
+}
+
+/// Collects and checks the tensors of `file`.
+fn tensors(file: &SafeTensors<'_>) -> Result<Tensors, CallError> {
+    let mut names = file.names();
+    names.sort_unstable();
+    if let Some(unknown) = names.iter().find(|n| !TENSOR_NAMES.contains(n)) {
+        return Err(CallError::invalid_call(format!(
+            "unknown tensor `{unknown}`: the tensors are logits, top_k, top_p, q and min_ps"
+        )));
+    }
+    let get = |name: &str| file.tensor(name).ok();
+    let require = |name: &str| {
+        get(name).ok_or_else(|| {
+            CallError::invalid_call(format!("no tensor named `{name}` (it is required)"))
+        })
+    };
+    let logits = require("logits")?;
+    let &[batch, vocab] = logits.shape() else {
+        return Err(rank_error(
+            "logits",
+            logits.shape(),
+            "rank 2, [batch, vocab]",
+        ));
+    };
+    if batch == 0 || vocab == 0 {
+        return Err(CallError::invalid_call(format!(
+            "tensor `logits` has shape [{batch}, {vocab}]: at least one row and one column are needed"
+        )));
+    }
+    let logits_values = read_floats("logits", &logits)?;
+    let top_k = require("top_k")?;
+    if top_k.shape().len() != 1 {
+        return Err(rank_error("top_k", top_k.shape(), "rank 1, [batch]"));
+    }
+    if top_k.dtype() != Dtype::I32 {
+        return Err(CallError::new(
+            "dtype_mismatch",
+            format!("tensor `top_k` is {:?}: expected I32", top_k.dtype()),
+        ));
+    }
+    let top_k_values = top_k
+        .data()
+        .chunks_exact(4)
+        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let top_p = require("top_p")?;
+    if top_p.shape().len() != 1 {
+        return Err(rank_error("top_p", top_p.shape(), "rank 1, [batch]"));
+    }
+    let top_p_values = read_floats("top_p", &top_p)?;
+    let q = match get("q") {
+        None => None,
+        Some(q) => {
+            if q.shape() != [batch, vocab] {
+                return Err(rank_error("q", q.shape(), &format!("[{batch}, {vocab}]")));
+            }
+            match read_floats("q", &q)? {
+                Floats::F32(v) => Some(v),
+                other => {
+                    return Err(CallError::new(
+                        "dtype_mismatch",
+                        format!("tensor `q` is {}: expected F32", other.dtype()),
+                    ))
+                }
+            }
+        }
+    };
+    let min_ps = match get("min_ps") {
+        None => None,
+        Some(m) => {
+            if m.shape().len() != 1 {
+                return Err(rank_error("min_ps", m.shape(), "rank 1, [batch]"));
+            }
+            let values = read_floats("min_ps", &m)?;
+            if values.dtype() != top_p_values.dtype() {
+                return Err(CallError::new(
+                    "dtype_mismatch",
+                    format!(
+                        "tensor `min_ps` is {} but `top_p` is {}: they must share one dtype",
+                        values.dtype(),
+                        top_p_values.dtype()
+                    ),
+                ));
+            }
+            Some(values)
+        }
+    };
+    Ok(Tensors {
+        batch,
+        vocab,
+        logits: logits_values,
+        top_k: top_k_values,
+        top_p: top_p_values,
+        q,
+        min_ps,
+    })
+}
+
+/// Runs the operator with logits of type `T`, dispatching on the type of `top_p` / `min_ps`.
+fn call_typed<T: LogitValue>(
+    data: &[T],
+    t: &Tensors,
+    kind: InputKind,
+    options: &TopKTopPSampleOptions,
+) -> Result<TopKTopPSampleOutput, CallError> {
+    let view = LogitsView::dense(data, t.batch, t.vocab)
+        .map_err(|e| CallError::new("shape_mismatch", e.to_string()))?
+        .with_kind(kind);
+    let q = t.q.as_deref();
+    let out = match (&t.top_p, &t.min_ps) {
+        (Floats::F32(p), None) => top_k_top_p_sample(&view, &t.top_k, p, q, None, options),
+        (Floats::F16(p), None) => top_k_top_p_sample(&view, &t.top_k, p, q, None, options),
+        (Floats::Bf16(p), None) => top_k_top_p_sample(&view, &t.top_k, p, q, None, options),
+        (Floats::F32(p), Some(Floats::F32(m))) => {
+            top_k_top_p_sample(&view, &t.top_k, p, q, Some(m), options)
+        }
+        (Floats::F16(p), Some(Floats::F16(m))) => {
+            top_k_top_p_sample(&view, &t.top_k, p, q, Some(m), options)
+        }
+        (Floats::Bf16(p), Some(Floats::Bf16(m))) => {
+            top_k_top_p_sample(&view, &t.top_k, p, q, Some(m), options)
+        }
+        // Excluded when the tensors were read.
+        (_, Some(_)) => {
+            return Err(CallError::new(
+                "dtype_mismatch",
+                "`min_ps` and `top_p` must share one dtype",
+            ))
+        }
+    }?;
+    Ok(out)
+}
+
+/// Answers the call held by a safetensors file's bytes.
+///
+/// # Errors
+/// [`RunError::Input`] when the bytes are not a safetensors file; a call error (wrong, missing
+/// or unknown tensors, ranks, dtypes) is an answer.
+pub fn answer_safetensors(
+    bytes: &[u8],
+    attrs: &AttrsInput,
+) -> Result<Result<Answer, CallError>, String> {
+    let file =
+        SafeTensors::deserialize(bytes).map_err(|e| format!("not a safetensors file: {e}"))?;
+    let (options, kind) = attrs.to_options();
+    Ok(tensors(&file).and_then(|t| {
+        let out = match &t.logits {
+            Floats::F32(d) => call_typed(d, &t, kind, &options),
+            Floats::F16(d) => call_typed(d, &t, kind, &options),
+            Floats::Bf16(d) => call_typed(d, &t, kind, &options),
+        }?;
+        Ok(Answer::new(out, t.vocab))
+    }))
+}
+
+/// `--tensors FILE [--attrs JSON]`: one call, one answer line.
+///
+/// # Errors
+/// [`RunError::Input`] for an unreadable file, a file that is not safetensors, or bad
+/// `--attrs`; [`RunError::Output`] when writing fails.
+pub fn run_safetensors(
+    path: &Path,
+    attrs: Option<&str>,
+    out: &mut dyn Write,
+) -> Result<(), RunError> {
+    let attrs = attrs
+        .map(read_attrs)
+        .transpose()
+        .map_err(RunError::Input)?
+        .unwrap_or_default();
+    let bytes = std::fs::read(path)
+        .map_err(|e| RunError::Input(format!("cannot read {}: {e}", path.display())))?;
+    let answer = answer_safetensors(&bytes, &attrs)
+        .map_err(|e| RunError::Input(format!("{}: {e}", path.display())))?;
+    out.write_all(&line(&answer))?;
+    out.write_all(b"\n")?;
+    out.flush()?;
+    Ok(())
+}
+
+/// Opens `--input PATH`: `-` is stdin; a directory is refused up front.
+fn open_input(path: &Path) -> io::Result<Box<dyn Read + Send>> {
+    if path.as_os_str() == "-" {
+        return Ok(Box::new(io::stdin()));
+    }
+    let file = std::fs::File::open(path)?;
+    if file.metadata()?.is_dir() {
+        return Err(io::ErrorKind::IsADirectory.into());
+    }
+    Ok(Box::new(file))
+}
+
+/// Runs `nucleus top-k-top-p-sample` and returns its exit status: 0 when every call got an
+/// answer, 2 for an unusable input, 1 when writing fails (a closed pipe ends quietly with 0).
+pub fn command(args: &NpuSampleArgs) -> ExitCode {
+    let stdout = io::stdout();
+    let mut out = io::BufWriter::with_capacity(1 << 20, stdout.lock());
+    let result = match (&args.tensors, &args.input) {
+        (Some(path), _) => run_safetensors(path, args.attrs.as_deref(), &mut out),
+        (None, Some(path)) => match open_input(path) {
+            Ok(input) => run_jsonl(input, &mut out),
+            Err(e) => Err(RunError::Input(format!(
+                "cannot open {}: {e}",
+                path.display()
+            ))),
+        },
+        (None, None) => run_jsonl(Box::new(io::stdin()), &mut out),
+    };
+    let result = match result {
+        Err(RunError::Input(m)) => out
+            .flush()
+            .map_err(RunError::Output)
+            .and(Err(RunError::Input(m))),
+        other => other,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(RunError::Input(message)) => {
+            eprintln!("error: {message}");
+            ExitCode::from(2)
+        }
+        Err(RunError::Output(e)) if e.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(RunError::Output(e)) => {
+            eprintln!("error: writing the output: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+impl fmt::Display for CallError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.kind, self.message)
+    }
+}
