@@ -32,7 +32,7 @@ pub struct ValidateArgs {
     #[arg(long, value_name = "S")]
     pub json_schema: Option<String>,
     /// A regular expression (Rust regex syntax) that the whole text must match.
-    #[arg(long, value_name = "RE")]
+    #[arg(long, value_name = "RE", allow_hyphen_values = true)]
     pub regex: Option<String>,
     /// A file holding a Lark grammar (llguidance's dialect).
     #[arg(long, value_name = "FILE.lark")]
@@ -63,14 +63,24 @@ impl Default for MaxWhitespace {
     }
 }
 
-/// Parses `--max-whitespace`: a number of characters, or `none`.
+/// The largest `--max-whitespace` bound (llguidance's regex repetition counts are limited).
+pub const MAX_WHITESPACE_BOUND: usize = 1_000;
+
+/// Parses `--max-whitespace`: a number of characters up to [`MAX_WHITESPACE_BOUND`], or
+/// `none`.
 pub fn parse_max_whitespace(s: &str) -> Result<MaxWhitespace, String> {
     if s.eq_ignore_ascii_case("none") {
         return Ok(MaxWhitespace(None));
     }
-    s.parse::<usize>()
-        .map(|n| MaxWhitespace(Some(n)))
-        .map_err(|_| format!("expected a number of characters or `none`, got `{s}`"))
+    match s.parse::<usize>() {
+        Ok(n) if n <= MAX_WHITESPACE_BOUND => Ok(MaxWhitespace(Some(n))),
+        Ok(_) => Err(format!(
+            "at most {MAX_WHITESPACE_BOUND} (use `none` for unbounded), got `{s}`"
+        )),
+        Err(_) => Err(format!(
+            "expected a number of characters or `none`, got `{s}`"
+        )),
+    }
 }
 
 /// End tokens recognised by name when the tokenizer does not say which is its EOS.
@@ -141,8 +151,17 @@ pub fn grammar_spec_from(
     if let Some(schema) = json_schema {
         let path = Path::new(schema);
         let text = if path.is_file() {
-            std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read the JSON Schema {}", path.display()))?
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the JSON Schema {}", path.display()))?;
+            // A byte-order mark is not JSON; editors on Windows write one.
+            text.strip_prefix('\u{feff}')
+                .map(str::to_string)
+                .unwrap_or(text)
+        } else if let Err(e) = serde_json::from_str::<serde_json::Value>(schema) {
+            if path.exists() {
+                bail!("--json-schema {schema}: not a regular file (a directory?)");
+            }
+            bail!("--json-schema {schema:?} is neither an existing file nor valid JSON ({e})");
         } else {
             schema.to_string()
         };
@@ -152,6 +171,10 @@ pub fn grammar_spec_from(
     } else if let Some(path) = grammar {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read the grammar {}", path.display()))?;
+        let text = text
+            .strip_prefix('\u{feff}')
+            .map(str::to_string)
+            .unwrap_or(text);
         Ok(Some(GrammarSpec::Lark(text)))
     } else {
         Ok(None)

@@ -101,7 +101,7 @@ struct SampleArgs {
 #[derive(Args, Debug)]
 struct GenerateArgs {
     /// A prompt (repeat the flag for several requests that run together). "" is BOS alone.
-    #[arg(long, required = true)]
+    #[arg(long, required = true, allow_hyphen_values = true)]
     prompt: Vec<String>,
     /// GGUF model file. Default: $NUCLEUS_MODEL, else ggml-org/models tinyllamas/stories260K.gguf
     /// from the Hugging Face hub cache.
@@ -139,7 +139,12 @@ struct GenerateArgs {
     #[arg(long, value_name = "S", conflicts_with_all = ["regex", "grammar"])]
     json_schema: Option<String>,
     /// Structured output: the whole completion matches this regular expression.
-    #[arg(long, value_name = "RE", conflicts_with = "grammar")]
+    #[arg(
+        long,
+        value_name = "RE",
+        conflicts_with = "grammar",
+        allow_hyphen_values = true
+    )]
     regex: Option<String>,
     /// Structured output: the completion matches this Lark grammar (llguidance's dialect).
     #[arg(long, value_name = "FILE.lark")]
@@ -179,7 +184,8 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("error: {e}");
+            // `{:#}`: the error and its causes on one line ("cannot read X: No such file").
+            eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
     }

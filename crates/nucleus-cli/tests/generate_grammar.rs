@@ -160,3 +160,41 @@ fn bad_grammars_and_flags_fail() {
     assert_eq!(code, 1);
     assert!(err.contains("/nonexistent/g.lark"), "{err}");
 }
+
+/// Found by a new user: a regex starting with `-`, forced text spelling `</s>`, a schema path
+/// that does not exist, an oversized whitespace bound, a missing grammar file's cause.
+#[test]
+fn new_user_findings_stay_fixed() {
+    let (code, out, err) = generate(&["--prompt", "", "--regex", "-?[0-9]{1,3}", "--seed", "2"]);
+    assert_eq!(code, 0, "{err}");
+    let text = out.strip_suffix('\n').unwrap();
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    assert!(
+        (1..=3).contains(&digits.len()) && digits.chars().all(|c| c.is_ascii_digit()),
+        "{text:?}"
+    );
+
+    let (code, out, err) = generate(&["--prompt", "", "--regex", "</s>", "--seed", "1"]);
+    assert_eq!((code, out.as_str()), (0, "</s>\n"), "{err}");
+    assert!(err.contains("finish reason stop"), "{err}");
+
+    let (code, _, err) = generate(&["--prompt", "x", "--json-schema", "/nonexistent/schema.json"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("neither an existing file nor valid JSON"),
+        "{err}"
+    );
+    let (code, _, err) = generate(&[
+        "--prompt",
+        "x",
+        "--json-schema",
+        "{}",
+        "--max-whitespace",
+        "4294967296",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("at most 1000"), "{err}");
+    let (code, _, err) = generate(&["--prompt", "x", "--grammar", "/nonexistent/g.lark"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("No such file"), "{err}");
+}

@@ -217,7 +217,9 @@ fn errors_exit_2_with_one_line() {
     ]);
     assert_eq!(code, 2);
     assert!(
-        err.starts_with("error: JSON Schema is not valid JSON: "),
+        err.starts_with(
+            "error: --json-schema \"{nope\" is neither an existing file nor valid JSON ("
+        ),
         "{err}"
     );
     let (code, _, err) = validate(&["--regex", "(a", "--text", &text, "--tokenizer", &tk]);

@@ -640,20 +640,18 @@ impl Engine {
                         out.token = Some(s.token);
                         out.logprob = s.logprob;
                         seq.output_ids.push(s.token);
-                        out.finish = advance(seq, s.token, &self.tokenizer, context, &mut out.text);
                         // A grammar that can take no more text ends the sample (before
-                        // min_tokens, which would otherwise ban the only token it allows).
-                        if out.finish.is_none()
-                            && seq.matcher.as_ref().is_some_and(|m| m.is_ended())
-                        {
-                            seq.pending.clear();
-                            out.finish = Some(finish_sample(
-                                seq,
-                                &self.tokenizer,
-                                &mut out.text,
-                                FinishReason::Stop,
-                            ));
-                        }
+                        // min_tokens, which would otherwise ban the only token it allows, and
+                        // before max_tokens: the text is complete).
+                        let grammar_ended = seq.matcher.as_ref().is_some_and(|m| m.is_ended());
+                        out.finish = advance(
+                            seq,
+                            s.token,
+                            &self.tokenizer,
+                            context,
+                            grammar_ended,
+                            &mut out.text,
+                        );
                     }
                 }
             }
@@ -681,12 +679,14 @@ impl Engine {
     }
 }
 
-/// Applies one sampled token to a sequence: stop conditions, text. Returns the finish reason.
+/// Applies one sampled token to a sequence: stop conditions (EOS, stop ids and strings, the
+/// grammar's end when `grammar_ended`, then length), text. Returns the finish reason.
 fn advance(
     seq: &mut Sequence,
     token: u32,
     tokenizer: &GgufTokenizer,
     context: usize,
+    grammar_ended: bool,
     text: &mut String,
 ) -> Option<FinishReason> {
     let tok = &tokenizer.tokenizer;
@@ -708,6 +708,9 @@ fn advance(
             }
         }
         Err(e) => return Some(FinishReason::Error(e.to_string())),
+    }
+    if grammar_ended {
+        return Some(finish(seq, text, FinishReason::Stop));
     }
     let len = seq.prompt_ids.len() + seq.output_ids.len();
     if seq.output_ids.len() >= seq.max_tokens || len >= context {

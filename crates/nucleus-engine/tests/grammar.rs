@@ -263,3 +263,18 @@ fn one_compilation_serves_every_request_with_the_same_grammar() {
         .unwrap();
     assert_eq!(e.grammar_compiler().unwrap().compilations(), 2);
 }
+
+/// A grammar completed by the last token max_tokens allows is `stop` (complete), not `length`.
+#[test]
+fn a_grammar_completed_at_max_tokens_is_stop_not_length() {
+    let spec = GrammarSpec::Regex("(yes|no), (yes|no)".into());
+    let mut e = engine();
+    e.add_request(with_grammar(spec.clone(), 9, 100)).unwrap();
+    let full = run_to_end(&mut e);
+    let (tokens, text, finish) = &full[&0];
+    assert_eq!(finish, &Some(FinishReason::Stop), "{text:?}");
+    let mut e = engine();
+    e.add_request(with_grammar(spec, 9, tokens.len())).unwrap();
+    let exact = run_to_end(&mut e);
+    assert_eq!(exact[&0], full[&0]);
+}

@@ -118,5 +118,15 @@ pub enum GrammarError {
     Matcher(String),
 }
 
+impl GrammarError {
+    /// [`GrammarError::Matcher`] with llguidance's message cut to its first line: the lines
+    /// after it are a dump of the parser's internal state, not something a user can act on.
+    pub(crate) fn matcher(message: &str) -> Self {
+        let first = message.lines().next().unwrap_or("").trim();
+        let first = first.split("<state>").next().unwrap_or(first).trim();
+        GrammarError::Matcher(first.to_string())
+    }
+}
+
 /// `Result` with [`GrammarError`].
 pub type Result<T, E = GrammarError> = std::result::Result<T, E>;

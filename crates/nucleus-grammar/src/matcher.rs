@@ -93,7 +93,7 @@ impl GrammarMatcher {
             Ok(mask) => mask,
             Err(e) => {
                 row.fill(0);
-                return Err(GrammarError::Matcher(e.to_string()));
+                return Err(GrammarError::matcher(&e.to_string()));
             }
         };
         let words = mask.as_slice();
@@ -152,7 +152,7 @@ impl GrammarMatcher {
             return Err(GrammarError::Ended);
         }
         if let Some(message) = self.inner.get_error() {
-            return Err(GrammarError::Matcher(message));
+            return Err(GrammarError::matcher(&message));
         }
         if self.validate_tokens(&[token]) != 1 {
             return Err(GrammarError::TokenRejected {
@@ -166,7 +166,7 @@ impl GrammarMatcher {
         }
         self.inner
             .consume_token(token)
-            .map_err(|e| GrammarError::Matcher(e.to_string()))?;
+            .map_err(|e| GrammarError::matcher(&e.to_string()))?;
         self.consumed += 1;
         Ok(())
     }
@@ -203,7 +203,7 @@ impl GrammarMatcher {
             return Ok(());
         }
         if let Some(message) = self.inner.get_error() {
-            return Err(GrammarError::Matcher(message));
+            return Err(GrammarError::matcher(&message));
         }
         let mut n = n;
         if self.eos.take().is_some() {
@@ -212,7 +212,7 @@ impl GrammarMatcher {
         if n > 0 {
             self.inner
                 .rollback(n)
-                .map_err(|e| GrammarError::Matcher(e.to_string()))?;
+                .map_err(|e| GrammarError::matcher(&e.to_string()))?;
             self.consumed -= n;
         }
         Ok(())

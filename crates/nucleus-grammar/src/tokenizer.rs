@@ -111,7 +111,7 @@ impl TokenEnv {
         .map_err(|e| GrammarError::Tokenizer(format!("deriving token bytes: {e}")))?;
 
         remove_dummy_prefix(&mut value);
-        let text_tokenizer: Tokenizer = serde_json::to_string(&value)
+        let mut text_tokenizer: Tokenizer = serde_json::to_string(&value)
             .map_err(|e| e.to_string())
             .and_then(|s| s.parse::<Tokenizer>().map_err(|e| e.to_string()))
             .map_err(|e| {
@@ -119,6 +119,11 @@ impl TokenEnv {
                     "rebuilding the tokenizer without its dummy prefix: {e}"
                 ))
             })?;
+        // Text that spells a special token (`</s>`, `<|im_end|>`) is text to a grammar: it is
+        // tokenised into ordinary pieces, never into the special token, whose bytes a grammar
+        // cannot produce. Otherwise forced text such as a regex's literal `</s>` would be
+        // tokenised into a token the grammar then rejects.
+        text_tokenizer.set_encode_special_tokens(true);
         Self::build(
             words,
             eos_token_ids,

@@ -2,7 +2,7 @@
 //! The logic of `nucleus grammar validate`.
 
 use crate::compiler::{GrammarCompiler, GrammarOptions, GrammarSpec};
-use crate::error::Result;
+use crate::error::{GrammarError, Result};
 
 /// The verdict of [`validate_text`]. `Display` writes the line `nucleus grammar validate`
 /// prints.
@@ -58,10 +58,12 @@ impl std::fmt::Display for Validation {
 /// grammar may end after the last one — exactly what a constrained generation of this token
 /// sequence followed by EOS would need. The grammar comes from the compiler's cache.
 ///
-/// Validation is by bytes, so any tokenisation of an accepted text is accepted. A text that
-/// spells an EOS token ends there: tokens after it are rejected.
+/// Validation is by bytes, so any tokenisation of an accepted text is accepted. Text that
+/// spells a special token (`</s>`) is ordinary text here, as it is to a grammar.
 ///
-/// Errors: those of [`GrammarCompiler::compile`] and [`crate::TokenEnv::encode`].
+/// Errors: those of [`GrammarCompiler::compile`] and [`crate::TokenEnv::encode`];
+/// [`GrammarError::Matcher`] when llguidance fails on the text (a lexer or parser limit, e.g.
+/// a bounded repetition of hundreds of thousands of items): that is no verdict on the text.
 pub fn validate_text(
     compiler: &GrammarCompiler,
     spec: &GrammarSpec,
@@ -71,22 +73,27 @@ pub fn validate_text(
     let env = compiler.token_env();
     let tokens = env.encode(text)?;
     let mut matcher = compiler.matcher(spec, options)?;
-    let len = tokens.len();
-    let text_ends_with_eos = tokens.last().is_some_and(|&t| env.is_eos(t));
-    let mut with_eos = tokens.clone();
-    with_eos.push(env.eos_token_ids()[0]);
-    let n = matcher.validate_tokens(&with_eos);
-    Ok(
-        if n == len + 1 || (n == len && text_ends_with_eos && len > 0) {
-            Validation::Accepted { tokens: len }
-        } else if n == len {
-            Validation::Incomplete { tokens: len }
-        } else {
-            Validation::Rejected {
-                index: n,
-                token: tokens[n],
-                text: env.token_text(tokens[n]),
+    // Token by token as generation commits them: a token the grammar refuses is a rejection;
+    // llguidance failing (a lexer or parser limit) is an error, not a verdict.
+    for (index, &token) in tokens.iter().enumerate() {
+        match matcher.commit(token) {
+            Ok(()) => {}
+            Err(GrammarError::TokenRejected { token, text }) => {
+                return Ok(Validation::Rejected { index, token, text });
             }
-        },
-    )
+            Err(e) => return Err(e),
+        }
+    }
+    if let Some(message) = matcher.error() {
+        return Err(GrammarError::matcher(&message));
+    }
+    Ok(if matcher.may_end() {
+        Validation::Accepted {
+            tokens: tokens.len(),
+        }
+    } else {
+        Validation::Incomplete {
+            tokens: tokens.len(),
+        }
+    })
 }

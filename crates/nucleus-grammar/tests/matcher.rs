@@ -611,7 +611,11 @@ fn text_is_encoded_without_a_dummy_prefix() {
     assert_eq!(tok.decode(&ids, false).unwrap(), "yes");
     let ids = env.encode(" yes").unwrap();
     assert_eq!(tok.decode(&ids, false).unwrap(), " yes");
-    assert_eq!(env.encode("<|im_end|>").unwrap(), [IM_END]);
+    // Text spelling a special token is text: ordinary pieces, never the special token, whose
+    // bytes no grammar can produce.
+    let ids = env.encode("<|im_end|>").unwrap();
+    assert!(!ids.contains(&IM_END) && ids.len() > 1, "{ids:?}");
+    assert_eq!(tok.decode(&ids, false).unwrap(), "<|im_end|>");
 
     // SentencePiece (GGUF): the normalizer prepends ▁.
     let (tok, eos, vocab) = stories_tokenizer();
@@ -650,4 +654,81 @@ fn json_properties_are_accepted_in_the_schema_s_order_only() {
         v(r#"{"b": 2, "a": 1}"#),
         Validation::Rejected { .. }
     ));
+}
+
+/// Walks the grammar as generation does: fill the mask, commit its lowest allowed non-EOS
+/// token, until the grammar may end. Every allowed token must commit.
+fn generate_lowest(compiler: &GrammarCompiler, spec: &GrammarSpec, steps: usize) -> Vec<u32> {
+    let mut m = compiler.matcher(spec, &opts()).unwrap();
+    let env = compiler.token_env().clone();
+    let mut row = vec![0u32; env.bitmask_words()];
+    let mut out = Vec::new();
+    for _ in 0..steps {
+        if m.may_end() {
+            return out;
+        }
+        m.fill_bitmask(&mut row).unwrap();
+        let t = allowed_ids(&row)
+            .into_iter()
+            .find(|&t| !env.is_eos(t))
+            .expect("a non-EOS token is allowed before the grammar may end");
+        m.commit(t)
+            .unwrap_or_else(|e| panic!("the mask allowed {t}, commit said {e}"));
+        out.push(t);
+    }
+    panic!("the grammar did not end in {steps} steps");
+}
+
+/// Forced text that spells a special token (a regex literal, a JSON key) is produced as text:
+/// the mask never offers the special token, which commit would reject.
+#[test]
+fn forced_text_spelling_a_special_token_is_written_as_text() {
+    let compiler = minimind_compiler();
+    let tok = minimind_tokenizer();
+    for (spec, want) in [
+        (GrammarSpec::Regex(r"<\|im_end\|>".into()), "<|im_end|>".to_string()),
+        (
+            GrammarSpec::JsonSchema(
+                r#"{"type":"object","properties":{"<|im_start|>":{"const":1}},"required":["<|im_start|>"],"additionalProperties":false}"#
+                    .into(),
+            ),
+            r#"{"<|im_start|>":1}"#.to_string(),
+        ),
+    ] {
+        let ids = generate_lowest(&compiler, &spec, 200);
+        assert!(!ids.contains(&IM_END) && !ids.contains(&1), "{ids:?}");
+        let text = tok.decode(&ids, false).unwrap();
+        let compact: String = text.split_whitespace().collect();
+        assert_eq!(compact, want);
+        assert!(validate_text(&compiler, &spec, &opts(), &want)
+            .unwrap()
+            .is_accepted());
+    }
+}
+
+/// llguidance hitting one of its limits is an error, never a "rejected" verdict, and its
+/// message is one line (no parser state dump).
+#[test]
+fn a_grammar_engine_limit_is_an_error_not_a_verdict() {
+    let compiler = minimind_compiler();
+    // 300,000 a's: MiniMind tokenises them into about 250,000 tokens, past llguidance's lexer
+    // limit for this regex.
+    let spec = GrammarSpec::Regex("a{300000}".into());
+    match validate_text(&compiler, &spec, &opts(), &"a".repeat(300_000)) {
+        Err(GrammarError::Matcher(message)) => {
+            assert!(
+                !message.contains('\n') && !message.contains("<state>"),
+                "{message}"
+            );
+            assert!(!message.is_empty());
+        }
+        other => panic!("{other:?}"),
+    }
+    let unsatisfiable = GrammarSpec::Lark("start: a\na: b\nb: a\n".into());
+    if let Ok(mut m) = compiler.matcher(&unsatisfiable, &opts()) {
+        let mut row = vec![0u32; compiler.token_env().bitmask_words()];
+        if let Err(e) = m.fill_bitmask(&mut row) {
+            assert!(!e.to_string().contains('\n'), "{e}");
+        }
+    }
 }
