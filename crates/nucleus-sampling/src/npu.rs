@@ -52,15 +52,23 @@
 //! # Method (no sort of the row unless [`QIndexing::SortedRank`] asks for ranks)
 //!
 //! - top-k on: one vectorised pass keeps the exact `k` best in a buffer cut back by a
-//!   linear-time selection (the sampler's `scan_top`); the `k <= 1024` survivors are sorted
-//!   (the spec's own `sort(top_k_value)`), then top-p is a walk over them.
-//! - top-p alone: a max pass, one pass computing every weight and their f64 sum `Z`; if the
-//!   first rank alone holds more than `top_p` of the mass it is the only survivor; otherwise
-//!   the last survivor weighs at least `(1 - top_p) Z / V` (the ranks from it on hold at least
-//!   `(1 - top_p) Z` and number at most `V`), so only weights above that cut are collected
-//!   (a compare pass) and a quickselect on mass finds the boundary in expected linear time.
+//!   linear-time selection (the sampler's `scan_top`, which also checks the row); the
+//!   `k <= 1024` survivors are sorted (the spec's own `sort(top_k_value)`), then top-p is a
+//!   walk over them.
+//! - top-p alone on logits: one online pass computes the maximum and an approximate sum of
+//!   the weights; if the first rank alone holds more than `top_p` of even an upper bound of
+//!   that sum, it is the only survivor (a confident model: no more passes). Otherwise one pass
+//!   computes every weight, their f64 sum `Z` and the mass below 8 geometric levels. The last
+//!   survivor weighs at least `(1 - top_p) Z / V` (the ranks from it on hold at least
+//!   `(1 - top_p) Z` and number at most `V`), and at least any level whose lighter tokens
+//!   hold less than `(1 - top_p) Z` (they are the last ranks); only the weights at or above
+//!   the highest such bound are collected (a compare pass). A histogram of their mass over
+//!   the top bits of the f32 weight (4 buckets per octave, monotone in rank) finds the bucket
+//!   holding the boundary, and a quickselect on mass inside it finds the boundary: expected
+//!   linear time.
 //! - min-p alone: the exact threshold on the logit (a bisection over f32 values of the
 //!   monotone weight function), then a compare pass.
+//! - `q`: only the survivors' entries are read (and checked).
 //! - The spec's rolling top-k over segments of 8 x 1024 elements and its `top_k_guess`
 //!   shortcut are strategies of the NPU kernel that never change a result; `top_k_guess` is
 //!   accepted and has no effect here.
@@ -229,10 +237,11 @@ pub enum TopKTopPRowError {
     /// `min_ps[b]` is NaN.
     #[error("min_ps is NaN")]
     InvalidMinP,
-    /// The row's `q` holds a NaN or negative value (q must be `>= 0`; `+inf` scores 0).
+    /// A `q` entry that the selection reads (a survivor's) is NaN or negative (q must be
+    /// `>= 0`; `+inf` scores 0). Entries of removed tokens are never read.
     #[error("q holds {value:?} at index {index}: q must be >= 0 and not NaN")]
     InvalidQ {
-        /// The lowest such index in the row of `q`.
+        /// The lowest such index among the entries read, in the row of `q`.
         index: u32,
         /// The value there.
         value: f32,
@@ -261,8 +270,9 @@ pub fn exp_weight(logit: f32, max: f32) -> f32 {
 /// - `top_k`: `[B]` i32, per row; on iff `1 <= k <= min(V, ks_max)`.
 /// - `top_p`: `[B]`, per row, in the dtype of the logits or f32; on iff `0 < p < 1`.
 /// - `q`: optional `[B, V]` f32 (row-major, dense), per row: the exponential race's divisors,
-///   indexed as `options.q_indexing` says. Values must be `>= 0` (NaN or negative is a row
-///   error). Without `q` each row's result is its argmax.
+///   indexed as `options.q_indexing` says. The entries read (the survivors', by id or by rank)
+///   must be `>= 0`: a NaN or negative one is a row error; the others are never read. Without
+///   `q` each row's result is its argmax.
 /// - `min_ps`: optional `[B]`, per row, the same element type as `top_p`; on iff `0 < m < 1`,
 ///   `m >= 1` keeps the first rank only.
 /// - `options`: `eps`, `is_need_logits`, `top_k_guess`, `ks_max`, `q_indexing`, one for all rows.
@@ -277,8 +287,8 @@ pub fn exp_weight(logit: f32, max: f32) -> f32 {
 /// [`TopKTopPError`] when `top_k`, `top_p` or `min_ps` do not have `B` values, `q` does not
 /// have `B * V`, `top_p` / `min_ps` are in another dtype than the logits' or f32, `eps` is
 /// negative or not finite, or `ks_max < 1`. Per-row errors ([`TopKTopPRowError`]: NaN / +inf
-/// logits, invalid probabilities, every token masked, NaN `top_p` / `min_ps`, a NaN or negative
-/// `q`) are in `row_status`, checked in that order.
+/// logits, invalid probabilities, NaN `top_p` / `min_ps`, every token masked, a NaN or
+/// negative `q` entry among those read) are in `row_status`, checked in that order.
 pub fn top_k_top_p_sample<T: LogitValue, P: LogitValue>(
     logits: &LogitsView<'_, T>,
     top_k: &[i32],
@@ -461,6 +471,16 @@ enum Survivors {
     All,
 }
 
+/// What the first pass over a row found.
+struct FirstPass {
+    /// The maximum (`-inf` when every value is; for probabilities, 0 when every value is).
+    max: f32,
+    /// Some value is NaN or +inf.
+    bad: bool,
+    /// Top-p alone on logits: an approximate `sum exp(l - max)` (the online pass).
+    z_approx: Option<f64>,
+}
+
 /// One row: checks, stages 1-3, selection, and the `logits_top_kp_select` row.
 fn sample_row(
     x: &[f32],
@@ -470,55 +490,6 @@ fn sample_row(
 ) -> Result<u32, TopKTopPRowError> {
     let vocab = x.len();
     let probs = ctx.probs;
-    // Checks, in the documented order.
-    let (max, bad) = kernels::max_bad(x);
-    if probs {
-        if let Some(i) = first_invalid_probability(x) {
-            return Err(TopKTopPRowError::InvalidProbability {
-                token_id: i as u32,
-                value: x[i],
-            });
-        }
-    } else if bad {
-        let i = x
-            .iter()
-            .position(|&v| v.is_nan() || v == f32::INFINITY)
-            .unwrap_or(0);
-        return Err(TopKTopPRowError::NonFiniteLogits {
-            token_id: i as u32,
-            value: x[i],
-        });
-    }
-    if args.top_p.is_nan() {
-        return Err(TopKTopPRowError::InvalidTopP);
-    }
-    if args.min_p.is_some_and(f32::is_nan) {
-        return Err(TopKTopPRowError::InvalidMinP);
-    }
-    if let Some(q) = args.q {
-        if let Some(i) = first_invalid_q(q) {
-            return Err(TopKTopPRowError::InvalidQ {
-                index: i as u32,
-                value: q[i],
-            });
-        }
-    }
-    // `max` ignores NaN, which the checks above exclude; `-inf` (or 0 for probabilities)
-    // means nothing can be chosen.
-    if max == f32::NEG_INFINITY || (probs && max <= 0.0) || vocab == 0 {
-        return Err(TopKTopPRowError::NoCandidates);
-    }
-    let best = sampler::first_at_least(x, max).unwrap_or(0);
-    let best_cand = Cand {
-        logit: x[best],
-        id: best as u32,
-        w: if probs { x[best] } else { 1.0 },
-    };
-    // The first rank's weight: 1 for logits (exp_weight(max, max)), the maximum for
-    // probabilities.
-    let w0 = best_cand.w;
-    let weight = |v: f32| if probs { v } else { exp_weight(v, max) };
-
     let k = args.top_k;
     let k_on = k >= 1 && (k as usize) <= vocab.min(ctx.ks_max);
     let p = args.top_p;
@@ -527,16 +498,95 @@ fn sample_row(
     let first_only = p <= 0.0 || args.min_p.is_some_and(|m| m >= 1.0);
 
     with_scratch(|scratch| {
+        // The first pass finds the maximum and checks the row: for top-k it is the top-k scan
+        // itself; for top-p alone on logits, the online max + sum-of-exp pass.
+        if probs {
+            if let Some(i) = first_invalid_probability(x) {
+                return Err(TopKTopPRowError::InvalidProbability {
+                    token_id: i as u32,
+                    value: x[i],
+                });
+            }
+        }
+        let scan_k = k_on && !first_only;
+        let first = if scan_k {
+            // Stage 1: the exact k best (unordered). Tokens at -inf are left out when fewer
+            // than k are finite: weight 0, value -inf = the fill value, never chosen over the
+            // maximum, so no output changes.
+            let cand = &mut scratch.cand;
+            let bad = sampler::scan_top(x, f32::NEG_INFINITY, k as usize, &[], cand, false);
+            let max = cand
+                .iter()
+                .map(|c| c.logit)
+                .fold(f32::NEG_INFINITY, f32::max);
+            FirstPass {
+                max,
+                bad,
+                z_approx: None,
+            }
+        } else if p_on && !first_only && !probs {
+            let r = kernels::max_sum_exp(x, 1.0);
+            FirstPass {
+                max: r.max,
+                bad: r.bad,
+                // Its `l - max` may overflow above 1e30 (see kernels::max_sum_exp).
+                z_approx: (r.max <= 1e30).then_some(r.sum),
+            }
+        } else {
+            let (max, bad) = kernels::max_bad(x);
+            FirstPass {
+                max,
+                bad,
+                z_approx: None,
+            }
+        };
+        // Checks, in the documented order.
+        if first.bad && !probs {
+            let i = x
+                .iter()
+                .position(|&v| v.is_nan() || v == f32::INFINITY)
+                .unwrap_or(0);
+            return Err(TopKTopPRowError::NonFiniteLogits {
+                token_id: i as u32,
+                value: x[i],
+            });
+        }
+        if p.is_nan() {
+            return Err(TopKTopPRowError::InvalidTopP);
+        }
+        if args.min_p.is_some_and(f32::is_nan) {
+            return Err(TopKTopPRowError::InvalidMinP);
+        }
+        let max = first.max;
+        if max == f32::NEG_INFINITY || (probs && max <= 0.0) || vocab == 0 {
+            return Err(TopKTopPRowError::NoCandidates);
+        }
+        // The first rank: the lowest id holding the maximum.
+        let best = if scan_k {
+            scratch
+                .cand
+                .iter()
+                .min_by_key(|c| rank_key(c))
+                .map_or(0, |c| c.id as usize)
+        } else {
+            sampler::first_at_least(x, max).unwrap_or(0)
+        };
+        // Its weight: 1 for logits (exp_weight(max, max)), the maximum for probabilities.
+        let w0 = if probs { max } else { 1.0 };
+        let best_cand = Cand {
+            logit: x[best],
+            id: best as u32,
+            w: w0,
+        };
+        let weight = |v: f32| if probs { v } else { exp_weight(v, max) };
+
         let survivors = if first_only {
             scratch.cand.clear();
             scratch.cand.push(best_cand);
             Survivors::List
-        } else if k_on {
-            // Stage 1: the exact k best, sorted by rank (k <= 1024). Tokens at -inf are left
-            // out when fewer than k are finite: weight 0, value -inf = the fill value, never
-            // chosen over the maximum, so no output changes.
+        } else if scan_k {
+            // Sorted by rank (k <= 1024: the spec's own sort of the top-k values).
             let cand = &mut scratch.cand;
-            sampler::scan_top(x, f32::NEG_INFINITY, k as usize, &[], cand, false);
             cand.sort_unstable_by_key(rank_key);
             for c in cand.iter_mut() {
                 c.w = weight(c.logit);
@@ -547,7 +597,7 @@ fn sample_row(
             }
             Survivors::List
         } else if p_on {
-            top_p_row(x, max, probs, p, best_cand, scratch);
+            top_p_row(x, max, probs, p, best_cand, first.z_approx, scratch);
             Survivors::List
         } else if let Some(m) = min_p {
             // Min-p alone: every token whose weight is at least m * w0, by an exact cut.
@@ -572,8 +622,8 @@ fn sample_row(
             scratch.cand.retain(|c| f64::from(c.w) >= threshold);
         }
         let chosen = match survivors {
-            Survivors::List => select_from_list(&mut scratch.cand, args.q, ctx, best as u32),
-            Survivors::All => select_from_row(x, max, args.q, ctx, best as u32, scratch),
+            Survivors::List => select_from_list(&mut scratch.cand, args.q, ctx, best as u32)?,
+            Survivors::All => select_from_row(x, max, args.q, ctx, best as u32, scratch)?,
         };
         if let Some(out) = select {
             match survivors {
@@ -641,30 +691,69 @@ fn top_p_sorted_exact(cand: &[Cand], p: f32) -> usize {
     cand.len()
 }
 
+/// The relative error allowed for `kernels::max_sum_exp`'s sum against the exact sum of
+/// [`exp_weight`]s: both exps are within 4e-7 of `e^x`, the kernel's f32 block sums and
+/// rescalings add a few 1e-7 more per step; 1e-3 is a wide margin.
+const ONLINE_SUM_ERROR: f64 = 1e-3;
+
 /// Top-p without top-k over the whole row: leaves the survivors (any order, with weights) in
-/// `scratch.cand`.
-fn top_p_row(x: &[f32], max: f32, probs: bool, p: f32, best: Cand, scratch: &mut Scratch) {
+/// `scratch.cand`. `z_approx`: the online pass's approximate sum of the weights, if any.
+fn top_p_row(
+    x: &[f32],
+    max: f32,
+    probs: bool,
+    p: f32,
+    best: Cand,
+    z_approx: Option<f64>,
+    scratch: &mut Scratch,
+) {
     let vocab = x.len();
-    let z = if probs {
-        sum_f64(x)
+    let cand = &mut scratch.cand;
+    cand.clear();
+    // The first rank alone holds more than p of the mass, even against an upper bound of the
+    // sum: it is the only survivor. Common when the model is confident; no weights pass.
+    if let Some(z) = z_approx {
+        if f64::from(best.w) > f64::from(p) * z * (1.0 + ONLINE_SUM_ERROR) {
+            cand.push(best);
+            return;
+        }
+    }
+    // Levels above the cut below, from the approximate sum: the weights pass also adds up the
+    // mass below each of them.
+    let tail = 1.0 - f64::from(p);
+    let levels: Option<[f32; LEVELS]> = z_approx.map(|z| {
+        let base = tail * z / vocab as f64;
+        std::array::from_fn(|j| (base * 4f64.powi(j as i32 + 1)) as f32)
+    });
+    let (z, below) = if probs {
+        (sum_f64(x), None)
     } else {
         let w = &mut scratch.weights;
         w.resize(vocab, 0.0);
-        weights_and_sum(x, max, w)
+        let (z, below) = weights_and_sum(x, max, w, levels.as_ref());
+        (z, levels.zip(below))
     };
     let w_all: &[f32] = if probs { x } else { &scratch.weights };
-    let cand = &mut scratch.cand;
-    cand.clear();
-    // The first rank alone holds more than p of the mass: it is the only survivor.
+    // The same with the f64 sum of the exact weights.
     if f64::from(best.w) > f64::from(p) * z + sum_error(2 * vocab) * z {
         cand.push(best);
         return;
     }
-    // The last survivor weighs at least (1 - p) Z / V: collect the weights at or above a
-    // lower bound of that.
+    // The last survivor (rank f - 1) weighs at least (1 - p) Z / V: the ranks from it on weigh
+    // Z - P_{f-1} >= (1 - p) Z, and there are at most V of them, none heavier. Likewise, if
+    // the tokens lighter than a level weigh less than (1 - p) Z, the last survivor is not
+    // among them (they are the last ranks). Collect the weights at or above the highest
+    // such bound.
     let z_lo = z * (1.0 - sum_error(vocab));
-    let eps = (1.0 - f64::from(p)) * z_lo / vocab as f64 * (1.0 - 4.0 * U);
-    let cut = floor_f32(eps);
+    let eps = tail * z_lo / vocab as f64 * (1.0 - 4.0 * U);
+    let mut cut = floor_f32(eps);
+    if let Some((levels, below)) = below {
+        for (&level, &mass) in levels.iter().zip(&below) {
+            if level > cut && mass * (1.0 + LEVEL_SUM_ERROR) < tail * z_lo * (1.0 - 4.0 * U) {
+                cut = level;
+            }
+        }
+    }
     sampler::collect(w_all, f32::NEG_INFINITY, cut, cand, false);
     for c in cand.iter_mut() {
         c.w = c.logit;
@@ -673,6 +762,17 @@ fn top_p_row(x: &[f32], max: f32, probs: bool, p: f32, best: Cand, scratch: &mut
     let n = top_p_candidates(cand, p, z, vocab, || Exact::sum(w_all.iter().copied()));
     cand.truncate(n);
 }
+
+/// Levels of the weights pass (each 4 times the previous one, from 4 times the `(1 - p) Z / V`
+/// bound up).
+const LEVELS: usize = 8;
+
+/// The relative error of the mass below a level: f32 sums of at most [`LEVEL_BLOCK`] / 16
+/// terms per lane (below 64 * 2^-24 = 4e-6), then f64; 1e-4 is a wide margin.
+const LEVEL_SUM_ERROR: f64 = 1e-4;
+
+/// Values per block of the level sums (f32 within a block, f64 across blocks).
+const LEVEL_BLOCK: usize = 1024;
 
 /// Top-p over candidates (any order) that hold every survivor of a row of `vocab` tokens
 /// whose weights sum to `z` in f64 (within `sum_error(vocab)`), `exact_total` giving the exact
@@ -685,14 +785,15 @@ fn top_p_candidates(
     exact_total: impl FnOnce() -> Exact,
 ) -> usize {
     let t = f64::from(p) * z;
-    let f = prefix_exceeding(cand, t);
+    let f = if cand.len() > BUCKETED_MIN {
+        bucketed_prefix(cand, t)
+    } else {
+        prefix_exceeding(cand, t)
+    };
     // Certify with fresh sums: P_{f-1} clearly at or below the target, and P_f clearly above
-    // (implied by the cut when every candidate is kept).
-    let pf: f64 = cand[..f].iter().map(|c| f64::from(c.w)).sum();
-    let last_w = cand[..f]
-        .iter()
-        .max_by_key(|c| rank_key(c))
-        .map_or(0.0, |c| c.w);
+    // (implied by the cut when every candidate is kept). The last survivor weighs least
+    // (weights are monotone in rank).
+    let (pf, last_w) = sum_and_min_weight(&cand[..f]);
     let pf1 = pf - f64::from(last_w);
     let d = sum_error(vocab + f) * z;
     // P_0 = 0 is at or below any target.
@@ -711,6 +812,81 @@ fn top_p_candidates(
         }
     }
     cand.len()
+}
+
+/// Candidate lists longer than this go through [`bucketed_prefix`].
+const BUCKETED_MIN: usize = 2048;
+
+/// [`prefix_exceeding`] for long lists: a histogram of the candidates' mass over the top 10
+/// bits of their f32 weights (exponent and two mantissa bits: 4 buckets per octave). A larger
+/// key means a larger weight, so a better rank (weights are monotone in rank): walking the
+/// buckets from the top finds the bucket holding the boundary, and only its candidates go
+/// through the quickselect.
+fn bucketed_prefix(cand: &mut [Cand], target: f64) -> usize {
+    // Without the sign bit: -0.0 (a probability) is the lowest key, like +0.0.
+    let key = |c: &Cand| ((c.w.to_bits() & 0x7fff_ffff) >> 21) as usize;
+    let (lo, hi) = cand.iter().fold((usize::MAX, 0), |(lo, hi), c| {
+        (lo.min(key(c)), hi.max(key(c)))
+    });
+    let buckets = hi - lo + 1;
+    let mut mass = vec![0.0f64; buckets];
+    let mut count = vec![0usize; buckets];
+    for c in cand.iter() {
+        let b = key(c) - lo;
+        mass[b] += f64::from(c.w);
+        count[b] += 1;
+    }
+    let mut acc = 0.0f64;
+    let mut above = 0usize;
+    let mut boundary = None;
+    for b in (0..buckets).rev() {
+        if acc + mass[b] > target {
+            boundary = Some(b);
+            break;
+        }
+        acc += mass[b];
+        above += count[b];
+    }
+    let Some(b) = boundary else {
+        return cand.len();
+    };
+    // The buckets above `b` first, then bucket `b`.
+    let kb = lo + b;
+    let mut store = 0;
+    for j in 0..cand.len() {
+        if key(&cand[j]) > kb {
+            cand.swap(store, j);
+            store += 1;
+        }
+    }
+    debug_assert_eq!(store, above);
+    let start = store;
+    for j in start..cand.len() {
+        if key(&cand[j]) == kb {
+            cand.swap(store, j);
+            store += 1;
+        }
+    }
+    above + prefix_exceeding(&mut cand[above..store], target - acc)
+}
+
+/// The f64 sum (8 lanes) and the smallest weight of `cand`.
+fn sum_and_min_weight(cand: &[Cand]) -> (f64, f32) {
+    let mut acc = [0.0f64; 8];
+    let mut min = f32::INFINITY;
+    let chunks = cand.chunks_exact(8);
+    let rest = chunks.remainder();
+    for ch in chunks {
+        for (a, c) in acc.iter_mut().zip(ch) {
+            *a += f64::from(c.w);
+            min = min.min(c.w);
+        }
+    }
+    for c in rest {
+        acc[0] += f64::from(c.w);
+        min = min.min(c.w);
+    }
+    (acc.iter().sum(), if cand.is_empty() { 0.0 } else { min })
 }
 
 /// Rearranges `cand` so that `cand[..n]` are its best `n` (rank order) and returns the smallest
@@ -787,8 +963,22 @@ fn score(w: f32, q: f32, eps: f64) -> f64 {
     }
 }
 
-/// Stage 4 over a survivor list.
-fn select_from_list(cand: &mut [Cand], q: Option<&[f32]>, ctx: &Ctx, best: u32) -> u32 {
+/// The error for `q[index]`, NaN or negative.
+fn invalid_q(q: &[f32], index: usize) -> TopKTopPRowError {
+    TopKTopPRowError::InvalidQ {
+        index: index as u32,
+        value: q[index],
+    }
+}
+
+/// Stage 4 over a survivor list. The `q` entries read (the survivors') must be `>= 0`: the
+/// error names the lowest bad index among them.
+fn select_from_list(
+    cand: &mut [Cand],
+    q: Option<&[f32]>,
+    ctx: &Ctx,
+    best: u32,
+) -> Result<u32, TopKTopPRowError> {
     let Some(q) = q else {
         // The argmax of the probabilities, ties to the lower id. Two different logits can have
         // the same f32 weight (both 1.0 just below the maximum), so this is not always the
@@ -799,13 +989,20 @@ fn select_from_list(cand: &mut [Cand], q: Option<&[f32]>, ctx: &Ctx, best: u32) 
                 chosen = (c.w, c.id);
             }
         }
-        return chosen.1;
+        return Ok(chosen.1);
     };
     match ctx.q_indexing {
         QIndexing::TokenId => {
             let mut chosen: Option<(f64, u64, u32)> = None;
+            let mut bad: Option<u32> = None;
             for c in cand.iter() {
-                let s = score(c.w, q[c.id as usize], ctx.eps);
+                let qv = q[c.id as usize];
+                // NaN or negative.
+                if qv.is_nan() || qv < 0.0 {
+                    bad = Some(bad.map_or(c.id, |b| b.min(c.id)));
+                    continue;
+                }
+                let s = score(c.w, qv, ctx.eps);
                 let key = rank_key(c);
                 let wins = match chosen {
                     None => true,
@@ -815,15 +1012,21 @@ fn select_from_list(cand: &mut [Cand], q: Option<&[f32]>, ctx: &Ctx, best: u32) 
                     chosen = Some((s, key, c.id));
                 }
             }
-            chosen.map_or(best, |c| c.2)
+            match bad {
+                Some(i) => Err(invalid_q(q, i as usize)),
+                None => Ok(chosen.map_or(best, |c| c.2)),
+            }
         }
         QIndexing::SortedRank => {
+            if let Some(i) = first_invalid_q(&q[..cand.len()]) {
+                return Err(invalid_q(q, i));
+            }
             cand.sort_unstable_by_key(rank_key);
-            argmax_by_rank(
+            Ok(argmax_by_rank(
                 cand.iter().enumerate().map(|(r, c)| (c, q[r])),
                 ctx.eps,
                 best,
-            )
+            ))
         }
     }
 }
@@ -840,7 +1043,7 @@ fn argmax_by_rank<'a>(items: impl Iterator<Item = (&'a Cand, f32)>, eps: f64, be
     chosen.map_or(best, |c| c.1)
 }
 
-/// Stage 4 when every token survives.
+/// Stage 4 when every token survives (every `q` entry is read).
 fn select_from_row(
     x: &[f32],
     max: f32,
@@ -848,21 +1051,24 @@ fn select_from_row(
     ctx: &Ctx,
     best: u32,
     scratch: &mut Scratch,
-) -> u32 {
+) -> Result<u32, TopKTopPRowError> {
     let Some(q) = q else {
         // The argmax of the probabilities, ties to the lower id: the lowest id whose weight is
         // the maximum's (1 for logits, reached by every logit at or above a cut).
         if ctx.probs {
-            return best;
+            return Ok(best);
         }
         let cut = weight_cut(max, 1.0);
-        return sampler::first_at_least(x, cut).map_or(best, |i| i as u32);
+        return Ok(sampler::first_at_least(x, cut).map_or(best, |i| i as u32));
     };
+    if let Some(i) = first_invalid_q(q) {
+        return Err(invalid_q(q, i));
+    }
     let w: &[f32] = if ctx.probs {
         x
     } else {
         scratch.weights.resize(x.len(), 0.0);
-        weights_and_sum(x, max, &mut scratch.weights);
+        weights_and_sum(x, max, &mut scratch.weights, None);
         &scratch.weights
     };
     match ctx.q_indexing {
@@ -875,7 +1081,7 @@ fn select_from_row(
                     chosen = (s, xi, i as u32);
                 }
             }
-            chosen.2
+            Ok(chosen.2)
         }
         QIndexing::SortedRank => {
             let cand = &mut scratch.cand;
@@ -886,11 +1092,11 @@ fn select_from_row(
                 w: wi,
             }));
             cand.sort_unstable_by_key(rank_key);
-            argmax_by_rank(
+            Ok(argmax_by_rank(
                 cand.iter().enumerate().map(|(r, c)| (c, q[r])),
                 ctx.eps,
                 best,
-            )
+            ))
         }
     }
 }
@@ -951,7 +1157,16 @@ fn ceil_f32(v: f64) -> f32 {
 /// The first index whose value is NaN, infinite or negative.
 fn first_invalid_probability(x: &[f32]) -> Option<usize> {
     let ok = |v: f32| (0.0..=f32::MAX).contains(&v);
-    if all_lanes(x, ok) {
+    let all_ok = match kernels::isa() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `isa()` reports AVX-512F only when the CPU has it.
+        kernels::Isa::Avx512 => unsafe { x86::probs_ok_avx512(x) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `isa()` reports AVX2 only when the CPU has it.
+        kernels::Isa::Avx2 => unsafe { x86::probs_ok_avx2(x) },
+        kernels::Isa::Baseline => all_lanes(x, ok),
+    };
+    if all_ok {
         None
     } else {
         x.iter().position(|&v| !ok(v))
@@ -961,7 +1176,16 @@ fn first_invalid_probability(x: &[f32]) -> Option<usize> {
 /// The first index of a `q` row whose value is NaN or negative (`-0.0` is fine).
 fn first_invalid_q(q: &[f32]) -> Option<usize> {
     let ok = |v: f32| v >= 0.0;
-    if all_lanes(q, ok) {
+    let all_ok = match kernels::isa() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `isa()` reports AVX-512F only when the CPU has it.
+        kernels::Isa::Avx512 => unsafe { x86::q_ok_avx512(q) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `isa()` reports AVX2 only when the CPU has it.
+        kernels::Isa::Avx2 => unsafe { x86::q_ok_avx2(q) },
+        kernels::Isa::Baseline => all_lanes(q, ok),
+    };
+    if all_ok {
         None
     } else {
         q.iter().position(|&v| !ok(v))
@@ -970,7 +1194,7 @@ fn first_invalid_q(q: &[f32]) -> Option<usize> {
 
 /// Whether `ok` holds for every value: 16 independent lanes without early exit, which LLVM
 /// vectorises.
-#[inline]
+#[inline(always)]
 fn all_lanes(x: &[f32], ok: impl Fn(f32) -> bool) -> bool {
     let mut bad = [0u32; 16];
     let chunks = x.chunks_exact(16);
@@ -985,6 +1209,19 @@ fn all_lanes(x: &[f32], ok: impl Fn(f32) -> bool) -> bool {
 
 /// The f64 sum of `x` (16 lanes).
 fn sum_f64(x: &[f32]) -> f64 {
+    match kernels::isa() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `isa()` reports AVX-512F only when the CPU has it.
+        kernels::Isa::Avx512 => unsafe { x86::sum_f64_avx512(x) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `isa()` reports AVX2 only when the CPU has it.
+        kernels::Isa::Avx2 => unsafe { x86::sum_f64_avx2(x) },
+        kernels::Isa::Baseline => sum_f64_body(x),
+    }
+}
+
+#[inline(always)]
+fn sum_f64_body(x: &[f32]) -> f64 {
     let mut acc = [0.0f64; 16];
     let chunks = x.chunks_exact(16);
     let rest = chunks.remainder();
@@ -996,53 +1233,127 @@ fn sum_f64(x: &[f32]) -> f64 {
     acc.iter().sum::<f64>() + rest.iter().map(|&v| f64::from(v)).sum::<f64>()
 }
 
-/// Writes `out[i] = exp_weight(x[i], max)` and returns their f64 sum, in one vectorised pass
+/// Writes `out[i] = exp_weight(x[i], max)` and returns their f64 sum and, with `levels`, the
+/// mass of the weights below each level (within [`LEVEL_SUM_ERROR`]), in vectorised passes
 /// (the widest instruction set the CPU has; the weights are the same bits on each).
-fn weights_and_sum(x: &[f32], max: f32, out: &mut [f32]) -> f64 {
+fn weights_and_sum(
+    x: &[f32],
+    max: f32,
+    out: &mut [f32],
+    levels: Option<&[f32; LEVELS]>,
+) -> (f64, Option<[f64; LEVELS]>) {
     match kernels::isa() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `isa()` reports AVX-512F only when the CPU has it.
-        kernels::Isa::Avx512 => unsafe { x86::weights_and_sum_avx512(x, max, out) },
+        kernels::Isa::Avx512 => unsafe { x86::weights_and_sum_avx512(x, max, out, levels) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `isa()` reports AVX2 only when the CPU has it.
-        kernels::Isa::Avx2 => unsafe { x86::weights_and_sum_avx2(x, max, out) },
-        kernels::Isa::Baseline => weights_and_sum_body(x, max, out),
+        kernels::Isa::Avx2 => unsafe { x86::weights_and_sum_avx2(x, max, out, levels) },
+        kernels::Isa::Baseline => weights_and_sum_body(x, max, out, levels),
     }
 }
 
 #[inline(always)]
-fn weights_and_sum_body(x: &[f32], max: f32, out: &mut [f32]) -> f64 {
-    const L: usize = 16;
-    let mut acc = [0.0f64; L];
-    let whole = x.len() / L * L;
-    for (xc, oc) in x[..whole]
-        .chunks_exact(L)
-        .zip(out[..whole].chunks_exact_mut(L))
-    {
-        for i in 0..L {
-            let w = kernels::exp_w(xc[i] - max);
-            oc[i] = w;
-            acc[i] += f64::from(w);
+fn weights_and_sum_body(
+    x: &[f32],
+    max: f32,
+    out: &mut [f32],
+    levels: Option<&[f32; LEVELS]>,
+) -> (f64, Option<[f64; LEVELS]>) {
+    // Separate loops for the exp with its stores and for the sums vectorise best.
+    let below = match levels {
+        None => {
+            for (&v, o) in x.iter().zip(out.iter_mut()) {
+                *o = kernels::exp_w(v - max);
+            }
+            None
         }
-    }
-    let mut total: f64 = acc.iter().sum();
-    for (&v, o) in x[whole..].iter().zip(&mut out[whole..]) {
-        *o = kernels::exp_w(v - max);
-        total += f64::from(*o);
-    }
-    total
+        Some(levels) => {
+            const L: usize = 16;
+            let mut below = [0.0f64; LEVELS];
+            for (xb, ob) in x.chunks(LEVEL_BLOCK).zip(out.chunks_mut(LEVEL_BLOCK)) {
+                let mut part = [[0.0f32; L]; LEVELS];
+                let whole = xb.len() / L * L;
+                for (xc, oc) in xb[..whole]
+                    .chunks_exact(L)
+                    .zip(ob[..whole].chunks_exact_mut(L))
+                {
+                    for i in 0..L {
+                        let w = kernels::exp_w(xc[i] - max);
+                        oc[i] = w;
+                        for j in 0..LEVELS {
+                            part[j][i] += if w < levels[j] { w } else { 0.0 };
+                        }
+                    }
+                }
+                for (&v, o) in xb[whole..].iter().zip(&mut ob[whole..]) {
+                    *o = kernels::exp_w(v - max);
+                    for j in 0..LEVELS {
+                        part[j][0] += if *o < levels[j] { *o } else { 0.0 };
+                    }
+                }
+                for j in 0..LEVELS {
+                    below[j] += part[j].iter().map(|&v| f64::from(v)).sum::<f64>();
+                }
+            }
+            Some(below)
+        }
+    };
+    (sum_f64_body(out), below)
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn weights_and_sum_avx512(x: &[f32], max: f32, out: &mut [f32]) -> f64 {
-        super::weights_and_sum_body(x, max, out)
+    pub(super) unsafe fn sum_f64_avx512(x: &[f32]) -> f64 {
+        super::sum_f64_body(x)
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn sum_f64_avx2(x: &[f32]) -> f64 {
+        super::sum_f64_body(x)
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn probs_ok_avx512(x: &[f32]) -> bool {
+        super::all_lanes(x, |v| (0.0..=f32::MAX).contains(&v))
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn probs_ok_avx2(x: &[f32]) -> bool {
+        super::all_lanes(x, |v| (0.0..=f32::MAX).contains(&v))
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn q_ok_avx512(q: &[f32]) -> bool {
+        super::all_lanes(q, |v| v >= 0.0)
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn q_ok_avx2(q: &[f32]) -> bool {
+        super::all_lanes(q, |v| v >= 0.0)
+    }
+
+    use super::LEVELS;
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn weights_and_sum_avx512(
+        x: &[f32],
+        max: f32,
+        out: &mut [f32],
+        levels: Option<&[f32; LEVELS]>,
+    ) -> (f64, Option<[f64; LEVELS]>) {
+        super::weights_and_sum_body(x, max, out, levels)
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn weights_and_sum_avx2(x: &[f32], max: f32, out: &mut [f32]) -> f64 {
-        super::weights_and_sum_body(x, max, out)
+    pub(super) unsafe fn weights_and_sum_avx2(
+        x: &[f32],
+        max: f32,
+        out: &mut [f32],
+        levels: Option<&[f32; LEVELS]>,
+    ) -> (f64, Option<[f64; LEVELS]>) {
+        super::weights_and_sum_body(x, max, out, levels)
     }
 }
 
@@ -1131,6 +1442,63 @@ mod tests {
     }
 
     #[test]
+    fn the_bucketed_prefix_is_the_sorted_prefix() {
+        let mut s = 23u64;
+        for case in 0..300 {
+            let n = 1 + (splitmix(&mut s) % 6000) as usize;
+            let kind = case % 3;
+            let mut cand: Vec<Cand> = (0..n)
+                .map(|i| {
+                    let r = splitmix(&mut s);
+                    // Logits and monotone weights: a few levels (ties), a spread, zeros.
+                    let l = match kind {
+                        0 => (r % 7) as f32 - 6.0,
+                        1 => ((r >> 11) as f64 / 2f64.powi(53) * -30.0) as f32,
+                        _ if r.is_multiple_of(5) => -200.0,
+                        _ => (r % 3000) as f32 * -0.04,
+                    };
+                    // A probability row's -0.0 sits with the zeros (weights stay monotone).
+                    let w = if l == -200.0 && i % 2 == 0 {
+                        -0.0
+                    } else {
+                        exp_weight(l, 0.0)
+                    };
+                    Cand {
+                        logit: l,
+                        id: i as u32,
+                        w,
+                    }
+                })
+                .collect();
+            let total: f64 = cand.iter().map(|c| f64::from(c.w)).sum();
+            let target = total * ((splitmix(&mut s) % 33) as f64 / 32.0);
+            let mut sorted = cand.clone();
+            sorted.sort_unstable_by_key(rank_key);
+            let (mut acc, mut before) = (0.0, 0.0);
+            let mut want = n;
+            for (j, c) in sorted.iter().enumerate() {
+                before = acc;
+                acc += f64::from(c.w);
+                if acc > target {
+                    want = j + 1;
+                    break;
+                }
+            }
+            let got = bucketed_prefix(&mut cand, target);
+            // The f64 sums add in other orders: equal unless the target is within rounding.
+            let near = (acc - target).abs().min((before - target).abs()) <= 1e-9 * total;
+            if !near {
+                assert_eq!(got, want, "case {case}");
+                let mut prefix: Vec<u32> = cand[..got].iter().map(|c| c.id).collect();
+                let mut want_ids: Vec<u32> = sorted[..want].iter().map(|c| c.id).collect();
+                prefix.sort_unstable();
+                want_ids.sort_unstable();
+                assert_eq!(prefix, want_ids, "case {case}");
+            }
+        }
+    }
+
+    #[test]
     fn the_quickselect_prefix_is_the_sorted_prefix() {
         let mut s = 11u64;
         for case in 0..2000 {
@@ -1188,20 +1556,37 @@ mod tests {
 
     #[test]
     fn weights_and_sum_gives_exp_weight_bits_on_every_path() {
-        let x: Vec<f32> = (0..1037)
-            .map(|i| ((i * 7919) % 1009) as f32 * -0.11)
+        let x: Vec<f32> = (0..3037)
+            .map(|i| ((i * 7919) % 1009) as f32 * -0.03)
             .chain([f32::NEG_INFINITY, 0.0])
             .collect();
-        let mut out = vec![0.0; x.len()];
-        let mut base = vec![0.0; x.len()];
-        let z = weights_and_sum(&x, 0.0, &mut out);
-        let zb = weights_and_sum_body(&x, 0.0, &mut base);
-        for (i, &v) in x.iter().enumerate() {
-            assert_eq!(out[i].to_bits(), exp_weight(v, 0.0).to_bits(), "{i}");
-            assert_eq!(base[i].to_bits(), out[i].to_bits(), "{i}");
+        let levels: [f32; LEVELS] = std::array::from_fn(|j| 1e-6 * 4f32.powi(j as i32 + 1));
+        for lv in [None, Some(&levels)] {
+            let mut out = vec![0.0; x.len()];
+            let mut base = vec![0.0; x.len()];
+            let (z, below) = weights_and_sum(&x, 0.0, &mut out, lv);
+            let (zb, below_b) = weights_and_sum_body(&x, 0.0, &mut base, lv);
+            for (i, &v) in x.iter().enumerate() {
+                assert_eq!(out[i].to_bits(), exp_weight(v, 0.0).to_bits(), "{i}");
+                assert_eq!(base[i].to_bits(), out[i].to_bits(), "{i}");
+            }
+            let want: f64 = out.iter().map(|&w| f64::from(w)).sum();
+            assert!((z - want).abs() <= 1e-12 * want && (zb - want).abs() <= 1e-12 * want);
+            assert_eq!(below.is_some(), lv.is_some());
+            if let (Some(below), Some(below_b)) = (below, below_b) {
+                for j in 0..LEVELS {
+                    let want: f64 = out
+                        .iter()
+                        .filter(|&&w| w < levels[j])
+                        .map(|&w| f64::from(w))
+                        .sum();
+                    for got in [below[j], below_b[j]] {
+                        assert!((got - want).abs() <= LEVEL_SUM_ERROR * want, "level {j}");
+                    }
+                    assert!(want > 0.0 && want < z, "level {j} is exercised");
+                }
+            }
         }
-        let want: f64 = out.iter().map(|&w| f64::from(w)).sum();
-        assert!((z - want).abs() <= 1e-12 * want && (zb - want).abs() <= 1e-12 * want);
     }
 
     #[test]

@@ -449,3 +449,82 @@ fn random_batches_equal_the_literal_oracle() {
         assert!(n >= 20, "{what}: only {n} rows");
     }
 }
+
+/// Long rows where top-p without top-k keeps thousands of tokens: the candidate cut from the
+/// weight levels, the bucketed selection and the certification all run, against the oracle.
+#[test]
+fn long_flat_rows_equal_the_literal_oracle() {
+    let mut g = SplitMix(0x10f1a7);
+    let v = 40_000;
+    let attrs = Attrs::default();
+    for (case, (scale, p, logits)) in [
+        (3.0, 0.9f32, true),
+        (1.0, 0.5, true),
+        (0.5, 0.999, true),
+        (3.0, 0.3, true),
+        (0.0, 0.7, true),
+        (1.0, 0.9, false),
+        (2.0, 0.95, true),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let values: Vec<f32> = (0..v)
+            .map(|_| {
+                if logits {
+                    // Scale 0: few distinct values (ties across thousands of tokens).
+                    if scale == 0.0 {
+                        g.below(6) as f32
+                    } else {
+                        (g.normal() * scale) as f32
+                    }
+                } else {
+                    g.next_f64() as f32
+                }
+            })
+            .collect();
+        let row = RowCase {
+            values,
+            input_is_logits: logits,
+            top_k: 0,
+            top_p: p,
+            min_p: None,
+            q: Some((0..v).map(|_| exp1(&mut g)).collect()),
+        };
+        let want = oracle(&row, &attrs).expect("valid");
+        assert!(
+            want.survivors.len() > 20,
+            "case {case}: {}",
+            want.survivors.len()
+        );
+        let options = TopKTopPSampleOptions {
+            is_need_logits: true,
+            ..Default::default()
+        };
+        let kind = if logits {
+            InputKind::Logits
+        } else {
+            InputKind::Probs
+        };
+        let got = run::<f32, f32>(
+            &row.values,
+            1,
+            v,
+            kind,
+            std::slice::from_ref(&row),
+            row.q.as_deref(),
+            &options,
+        );
+        assert_eq!(got.0[0], i64::from(want.chosen), "case {case}");
+        let select = &got.2.as_ref().unwrap()[0];
+        let want_select = select_row(&row, &want.survivors);
+        assert!(
+            select
+                .iter()
+                .zip(&want_select)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "case {case}: survivors differ ({} in the oracle)",
+            want.survivors.len()
+        );
+    }
+}

@@ -612,7 +612,9 @@ fn a_nan_row_fails_alone_and_the_other_rows_are_computed() {
     .concat();
     let q = [[1.0f32; 4]; 8].concat();
     let mut q_bad = q.clone();
+    // Row 6: a NaN at id 2, which top-k removes (never read), and one at id 3, a survivor.
     q_bad[6 * 4 + 2] = f32::NAN;
+    q_bad[6 * 4 + 3] = f32::NAN;
     q_bad[7 * 4 + 1] = -0.5;
     let top_p = [1.0f32, 1.0, 0.5, 1.0, 1.0, f32::NAN, 1.0, 1.0];
     let out = call(
@@ -643,7 +645,7 @@ fn a_nan_row_fails_alone_and_the_other_rows_are_computed() {
     assert_eq!(out.row_status[5], Err(TopKTopPRowError::InvalidTopP));
     assert!(matches!(
         out.row_status[6],
-        Err(TopKTopPRowError::InvalidQ { index: 2, value }) if value.is_nan()
+        Err(TopKTopPRowError::InvalidQ { index: 3, value }) if value.is_nan()
     ));
     assert_eq!(
         out.row_status[7],
@@ -671,6 +673,48 @@ fn a_nan_row_fails_alone_and_the_other_rows_are_computed() {
         &need_logits(),
     );
     assert_eq!(alone.logits_select_idx, vec![1, 1]);
+}
+
+#[test]
+fn only_the_q_entries_of_survivors_are_read_and_checked() {
+    let row = [1.0f32, 3.0, 2.0, 3.0];
+    let nan = f32::NAN;
+    // Top-k 2 keeps ids 1 and 3: a NaN or negative q at ids 0 and 2 is never read.
+    let out = logits1(&row, 2, 1.0, Some(&[nan, 1.0, -1.0, 0.5]), &need_logits());
+    assert_eq!(out.row_status, vec![Ok(())]);
+    assert_eq!(out.logits_select_idx, vec![3]);
+    // ... but at a survivor it is an error naming the lowest bad index read.
+    let out = logits1(&row, 3, 1.0, Some(&[nan, 1.0, -1.0, -2.0]), &need_logits());
+    assert_eq!(
+        out.row_status,
+        vec![Err(TopKTopPRowError::InvalidQ {
+            index: 2,
+            value: -1.0
+        })]
+    );
+    // By rank: survivors are ranks 0 and 1, so q[2] and q[3] are not read.
+    let by_rank = TopKTopPSampleOptions {
+        q_indexing: QIndexing::SortedRank,
+        ..need_logits()
+    };
+    let out = logits1(&row, 2, 1.0, Some(&[1.0, 1.0, nan, -1.0]), &by_rank);
+    assert_eq!(out.row_status, vec![Ok(())]);
+    let out = logits1(&row, 2, 1.0, Some(&[1.0, -0.5, 1.0, 1.0]), &by_rank);
+    assert_eq!(
+        out.row_status,
+        vec![Err(TopKTopPRowError::InvalidQ {
+            index: 1,
+            value: -0.5
+        })]
+    );
+    // Every token survives: every entry is read.
+    let out = logits1(&row, 0, 1.0, Some(&[1.0, 1.0, 1.0, -0.0]), &need_logits());
+    assert_eq!(out.row_status, vec![Ok(())]);
+    let out = logits1(&row, 0, 1.0, Some(&[1.0, 1.0, nan, 1.0]), &need_logits());
+    assert!(matches!(
+        out.row_status[0],
+        Err(TopKTopPRowError::InvalidQ { index: 2, .. })
+    ));
 }
 
 #[test]

@@ -88,11 +88,6 @@ pub fn oracle(row: &RowCase, attrs: &Attrs) -> Result<OracleRow, OracleError> {
     if row.min_p.is_some_and(|m| m.is_nan()) {
         return Err(OracleError::InvalidMinP);
     }
-    if let Some(q) = &row.q {
-        if q.iter().any(|&qv| qv.is_nan() || qv < 0.0) {
-            return Err(OracleError::InvalidQ);
-        }
-    }
 
     // The stable descending sort of the row (ties keep the lower id first).
     let mut order: Vec<usize> = (0..v).collect();
@@ -153,7 +148,22 @@ pub fn oracle(row: &RowCase, attrs: &Attrs) -> Result<OracleRow, OracleError> {
     }
     assert!(!kept.is_empty(), "the oracle lost every token");
 
-    // Stage 4: sample.
+    // Stage 4: sample. The q entries read (the survivors', by id or rank) must be >= 0.
+    let q_index = |i: usize| {
+        if attrs.q_by_rank {
+            order.iter().position(|&o| o == i).unwrap()
+        } else {
+            i
+        }
+    };
+    if let Some(q) = &row.q {
+        if kept
+            .iter()
+            .any(|&i| q[q_index(i)].is_nan() || q[q_index(i)] < 0.0)
+        {
+            return Err(OracleError::InvalidQ);
+        }
+    }
     let chosen = match &row.q {
         None => {
             // argmax of probs, ties to the lower index.
@@ -169,11 +179,7 @@ pub fn oracle(row: &RowCase, attrs: &Attrs) -> Result<OracleRow, OracleError> {
             // probs / (q + eps), times the common factor Z; ties to the first in sorted order.
             let mut best: Option<(f64, usize)> = None;
             for &i in &kept {
-                let j = if attrs.q_by_rank {
-                    order.iter().position(|&o| o == i).unwrap()
-                } else {
-                    i
-                };
+                let j = q_index(i);
                 let s = if w[i] == 0.0 {
                     0.0
                 } else {
