@@ -58,7 +58,7 @@
 //! - top-p alone on logits: one online pass computes the maximum and an approximate sum of
 //!   the weights; if the first rank alone holds more than `top_p` of even an upper bound of
 //!   that sum, it is the only survivor (a confident model: no more passes). Otherwise one pass
-//!   computes every weight, their f64 sum `Z` and the mass below 8 geometric levels. The last
+//!   computes every weight, their f64 sum `Z` and the mass below 4 geometric levels. The last
 //!   survivor weighs at least `(1 - top_p) Z / V` (the ranks from it on hold at least
 //!   `(1 - top_p) Z` and number at most `V`), and at least any level whose lighter tokens
 //!   hold less than `(1 - top_p) Z` (they are the last ranks); only the weights at or above
@@ -723,7 +723,7 @@ fn top_p_row(
     let tail = 1.0 - f64::from(p);
     let levels: Option<[f32; LEVELS]> = z_approx.map(|z| {
         let base = tail * z / vocab as f64;
-        std::array::from_fn(|j| (base * 4f64.powi(j as i32 + 1)) as f32)
+        std::array::from_fn(|j| (base * 16f64.powi(j as i32 + 1)) as f32)
     });
     let (z, below) = if probs {
         (sum_f64(x), None)
@@ -763,9 +763,9 @@ fn top_p_row(
     cand.truncate(n);
 }
 
-/// Levels of the weights pass (each 4 times the previous one, from 4 times the `(1 - p) Z / V`
-/// bound up).
-const LEVELS: usize = 8;
+/// Levels of the weights pass (each 16 times the previous one, from 16 times the
+/// `(1 - p) Z / V` bound up).
+const LEVELS: usize = 4;
 
 /// The relative error of the mass below a level: f32 sums of at most [`LEVEL_BLOCK`] / 16
 /// terms per lane (below 64 * 2^-24 = 4e-6), then f64; 1e-4 is a wide margin.
