@@ -47,10 +47,9 @@
 //! input file, a file that is not safetensors, or a bad `--attrs`; 1 when writing fails.
 
 use std::fmt;
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::mpsc;
 
 use clap::Args;
 use half::{bf16, f16};
@@ -59,7 +58,6 @@ use nucleus_sampling::npu::{
     TopKTopPSampleOutput,
 };
 use nucleus_sampling::{InputKind, LogitValue, LogitsView};
-use rayon::prelude::*;
 use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize, Serializer};
 
@@ -213,15 +211,9 @@ struct JsonF32(f32);
 
 impl Serialize for JsonF32 {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let v = self.0;
-        if v.is_finite() {
-            s.serialize_f32(v)
-        } else if v.is_nan() {
-            s.serialize_str("nan")
-        } else if v > 0.0 {
-            s.serialize_str("inf")
-        } else {
-            s.serialize_str("-inf")
+        match crate::sample::output::non_finite_name(f64::from(self.0)) {
+            None => s.serialize_f32(self.0),
+            Some(name) => s.serialize_str(name),
         }
     }
 }
@@ -427,26 +419,9 @@ pub fn answer_line(text: &[u8]) -> Vec<u8> {
     line(&parse_call(text).and_then(answer_call))
 }
 
-/// Why the command stopped before answering every call.
-#[derive(Debug)]
-pub enum RunError {
-    /// The input cannot be read or used as a whole: exit status 2.
-    Input(String),
-    /// Writing the answers failed.
-    Output(io::Error),
-}
-
-impl From<io::Error> for RunError {
-    fn from(e: io::Error) -> Self {
-        RunError::Output(e)
-    }
-}
-
-fn is_blank(line: &[u8]) -> bool {
-    std::str::from_utf8(line).is_ok_and(|l| l.trim().is_empty())
-}
-
-const BOM: &[u8] = b"\xEF\xBB\xBF";
+/// Why the command stopped before answering every call (`nucleus sample`'s type: an input
+/// that cannot be read or used is exit status 2; a failed write is `Output`).
+pub use crate::sample::RunError;
 
 /// Answers every non-blank line of `input` on `out`, in input order; lines are read on a thread
 /// of their own, answered in blocks of up to [`BLOCK`] in parallel (as many as have arrived),
@@ -456,65 +431,7 @@ const BOM: &[u8] = b"\xEF\xBB\xBF";
 /// [`RunError::Input`] when reading fails (earlier lines are answered first);
 /// [`RunError::Output`] when writing fails.
 pub fn run_jsonl(input: Box<dyn Read + Send>, out: &mut dyn Write) -> Result<(), RunError> {
-    let (tx, rx) = mpsc::sync_channel::<io::Result<Vec<u8>>>(2 * BLOCK);
-    std::thread::spawn(move || {
-        let mut reader = BufReader::with_capacity(1 << 20, input);
-        let mut first = true;
-        loop {
-            let mut line = Vec::new();
-            let read = reader.read_until(b'\n', &mut line);
-            if first && read.as_ref().is_ok_and(|&n| n > 0) {
-                first = false;
-                if line.starts_with(BOM) {
-                    line.drain(..BOM.len());
-                }
-            }
-            match read {
-                Ok(0) => return,
-                Ok(_) if is_blank(&line) => continue,
-                Ok(_) => {
-                    while line.last().is_some_and(|&b| b == b'\n' || b == b'\r') {
-                        line.pop();
-                    }
-                    if tx.send(Ok(line)).is_err() {
-                        return;
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    let _ = tx.send(Err(e));
-                    return;
-                }
-            }
-        }
-    });
-    let mut block: Vec<Vec<u8>> = Vec::with_capacity(BLOCK);
-    let mut failure = None;
-    while failure.is_none() {
-        block.clear();
-        match rx.recv() {
-            Ok(Ok(line)) => block.push(line),
-            Ok(Err(e)) => failure = Some(e),
-            Err(mpsc::RecvError) => break,
-        }
-        while failure.is_none() && !block.is_empty() && block.len() < BLOCK {
-            match rx.try_recv() {
-                Ok(Ok(line)) => block.push(line),
-                Ok(Err(e)) => failure = Some(e),
-                Err(_) => break,
-            }
-        }
-        let answers: Vec<Vec<u8>> = block.par_iter().map(|l| answer_line(l)).collect();
-        for answer in &answers {
-            out.write_all(answer)?;
-            out.write_all(b"\n")?;
-        }
-        out.flush()?;
-    }
-    match failure {
-        Some(e) => Err(RunError::Input(format!("cannot read the input: {e}"))),
-        None => Ok(()),
-    }
+    crate::sample::stream_lines(input, out, BLOCK, answer_line)
 }
 
 /// Reads `--attrs`: the path of a file holding a JSON object, else the object itself.

@@ -89,9 +89,6 @@ use tensor::{LogitsData, ParamsFile};
 /// Most lines sampled together in one parallel block.
 pub const BLOCK: usize = 1024;
 
-/// Lines read ahead of the sampler: the bound of the reader thread's queue.
-const READ_AHEAD: usize = 2 * BLOCK;
-
 /// Options shared by every row.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Options {
@@ -348,7 +345,24 @@ pub fn run_jsonl(
     out: &mut dyn Write,
     options: &Options,
 ) -> Result<(), RunError> {
-    let (tx, rx) = mpsc::sync_channel::<io::Result<Vec<u8>>>(READ_AHEAD);
+    stream_lines(input, out, BLOCK, |line| answer_line(line, options))
+}
+
+/// The JSON-lines loop shared by `nucleus sample` and `nucleus top-k-top-p-sample`: reads the
+/// non-blank lines of `input` on a thread of its own (a leading byte-order mark and line
+/// endings removed), answers them with `answer` in blocks of up to `block` in parallel (as many
+/// as have arrived), writes one answer line each in input order and flushes after each block.
+///
+/// # Errors
+/// [`RunError::Input`] when reading fails (earlier lines are answered first);
+/// [`RunError::Output`] when writing fails.
+pub(crate) fn stream_lines(
+    input: Box<dyn Read + Send>,
+    out: &mut dyn Write,
+    block_len: usize,
+    answer: impl Fn(&[u8]) -> Vec<u8> + Sync,
+) -> Result<(), RunError> {
+    let (tx, rx) = mpsc::sync_channel::<io::Result<Vec<u8>>>(2 * block_len);
     // Not joined: when stdout closes, the main thread returns while this one may still wait
     // for input; the process exit ends it.
     std::thread::spawn(move || {
@@ -384,27 +398,24 @@ pub fn run_jsonl(
         }
     });
 
-    let mut block: Vec<Vec<u8>> = Vec::with_capacity(BLOCK);
+    let mut block: Vec<Vec<u8>> = Vec::with_capacity(block_len);
     let mut failure = None;
     while failure.is_none() {
-        // Wait for one line, then take whatever else has already arrived, up to BLOCK.
+        // Wait for one line, then take whatever else has already arrived, up to `block_len`.
         block.clear();
         match rx.recv() {
             Ok(Ok(line)) => block.push(line),
             Ok(Err(e)) => failure = Some(e),
             Err(mpsc::RecvError) => break,
         }
-        while failure.is_none() && !block.is_empty() && block.len() < BLOCK {
+        while failure.is_none() && !block.is_empty() && block.len() < block_len {
             match rx.try_recv() {
                 Ok(Ok(line)) => block.push(line),
                 Ok(Err(e)) => failure = Some(e),
                 Err(_) => break,
             }
         }
-        let answers: Vec<Vec<u8>> = block
-            .par_iter()
-            .map(|line| answer_line(line, options))
-            .collect();
+        let answers: Vec<Vec<u8>> = block.par_iter().map(|line| answer(line)).collect();
         for answer in &answers {
             out.write_all(answer)?;
             out.write_all(b"\n")?;

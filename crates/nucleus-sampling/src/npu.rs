@@ -98,7 +98,7 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 
 use crate::kernels;
-use crate::sampler::{self, rank_key, Cand};
+use crate::sampler::{self, rank_key, with_widened, Cand};
 use crate::view::{InputKind, LogitValue, LogitsView};
 use exact::Exact;
 
@@ -442,18 +442,6 @@ struct Scratch {
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
-    static WIDENED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
-
-fn with_widened<T: LogitValue, R>(row: &[T], f: impl FnOnce(&[f32]) -> R) -> R {
-    WIDENED.with(|buf| match buf.try_borrow_mut() {
-        Ok(mut buf) => {
-            buf.clear();
-            buf.extend(row.iter().map(|v| v.to_f32()));
-            f(&buf)
-        }
-        Err(_) => f(&row.iter().map(|v| v.to_f32()).collect::<Vec<f32>>()),
-    })
 }
 
 fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {

@@ -636,7 +636,7 @@ thread_local! {
 }
 
 /// Runs `f` on `row` widened to f32 in a per-thread buffer.
-fn with_widened<T: LogitValue, R>(row: &[T], f: impl FnOnce(&[f32]) -> R) -> R {
+pub(crate) fn with_widened<T: LogitValue, R>(row: &[T], f: impl FnOnce(&[f32]) -> R) -> R {
     WIDENED.with(|buf| match buf.try_borrow_mut() {
         Ok(mut buf) => {
             buf.clear();

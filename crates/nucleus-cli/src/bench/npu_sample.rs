@@ -14,7 +14,6 @@
 pub mod reference;
 
 use std::io::Write;
-use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use clap::Args;
@@ -24,7 +23,7 @@ use rayon::prelude::*;
 
 use super::sampling::floors::{self, Isa};
 use super::sampling::workload::{Logits, SplitMix64, DEFAULT_SEED};
-use super::sampling::{AUTO_BUDGET, AUTO_MAX_RUNS, AUTO_MIN_RUNS};
+use super::sampling::{interleaved_medians, AUTO_BUDGET, AUTO_MIN_RUNS};
 
 /// The flags of `nucleus bench npu-sample`.
 #[derive(Args, Debug, Clone)]
@@ -226,44 +225,7 @@ impl NpuBench {
 /// # Errors
 /// The first job that fails.
 pub fn median_us_per_row(bench: &NpuBench, jobs: &[Job], iters: Option<usize>) -> Result<Vec<f64>> {
-    let per_row = |d: Duration| d.as_secs_f64() * 1e6 / bench.logits.batch as f64;
-    let mut last = vec![Duration::ZERO; jobs.len()];
-    for (job, last) in jobs.iter().zip(&mut last) {
-        let t = Instant::now();
-        bench.run_job(*job)?;
-        *last = t.elapsed();
-    }
-    let (min_rounds, max_rounds) = match iters {
-        Some(n) => (n, n),
-        None => (AUTO_MIN_RUNS, AUTO_MAX_RUNS),
-    };
-    let budget = AUTO_BUDGET * jobs.len() as u32;
-    let mut times: Vec<Vec<f64>> = vec![Vec::new(); jobs.len()];
-    let start = Instant::now();
-    let mut rounds = 0;
-    while rounds < min_rounds || (rounds < max_rounds && start.elapsed() < budget) {
-        for ((job, last), times) in jobs.iter().zip(&mut last).zip(&mut times) {
-            if *last < Duration::from_millis(2) {
-                bench.run_job(*job)?;
-            }
-            let t = Instant::now();
-            bench.run_job(*job)?;
-            *last = t.elapsed();
-            times.push(per_row(*last));
-        }
-        rounds += 1;
-    }
-    Ok(times.into_iter().map(median).collect())
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+    interleaved_medians(jobs, bench.logits.batch, iters, |job| bench.run_job(job))
 }
 
 /// Runs the measurement in a rayon pool of `args.threads` threads and writes a Markdown table

@@ -276,11 +276,26 @@ pub fn median_us_per_row(
     jobs: &[Job<'_>],
     iters: Option<usize>,
 ) -> Result<Vec<f64>> {
-    let per_row = |d: Duration| d.as_secs_f64() * 1e6 / bench.logits.batch as f64;
+    interleaved_medians(jobs, bench.logits.batch, iters, |job| bench.run_job(job))
+}
+
+/// The timing loop of [`median_us_per_row`] for any jobs (shared with `nucleus bench
+/// npu-sample`): `run(job)` makes one call over a batch of `batch` rows; returns per job the
+/// median µs per row.
+///
+/// # Errors
+/// The first job that fails.
+pub fn interleaved_medians<J: Copy>(
+    jobs: &[J],
+    batch: usize,
+    iters: Option<usize>,
+    run: impl Fn(J) -> Result<()>,
+) -> Result<Vec<f64>> {
+    let per_row = |d: Duration| d.as_secs_f64() * 1e6 / batch as f64;
     let mut last = vec![Duration::ZERO; jobs.len()];
-    for (job, last) in jobs.iter().zip(&mut last) {
+    for (&job, last) in jobs.iter().zip(&mut last) {
         let t = Instant::now();
-        bench.run_job(*job)?;
+        run(job)?;
         *last = t.elapsed();
     }
     let (min_rounds, max_rounds) = match iters {
@@ -292,12 +307,12 @@ pub fn median_us_per_row(
     let start = Instant::now();
     let mut rounds = 0;
     while rounds < min_rounds || (rounds < max_rounds && start.elapsed() < budget) {
-        for ((job, last), times) in jobs.iter().zip(&mut last).zip(&mut times) {
+        for ((&job, last), times) in jobs.iter().zip(&mut last).zip(&mut times) {
             if *last < Duration::from_millis(2) {
-                bench.run_job(*job)?;
+                run(job)?;
             }
             let t = Instant::now();
-            bench.run_job(*job)?;
+            run(job)?;
             *last = t.elapsed();
             times.push(per_row(*last));
         }

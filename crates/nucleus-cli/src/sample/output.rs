@@ -10,16 +10,24 @@ struct JsonF64(f64);
 
 impl Serialize for JsonF64 {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let v = self.0;
-        if v.is_finite() {
-            s.serialize_f64(v)
-        } else if v.is_nan() {
-            s.serialize_str("nan")
-        } else if v > 0.0 {
-            s.serialize_str("inf")
-        } else {
-            s.serialize_str("-inf")
+        match non_finite_name(self.0) {
+            None => s.serialize_f64(self.0),
+            Some(name) => s.serialize_str(name),
         }
+    }
+}
+
+/// How the JSON answers spell a non-finite number: `"nan"`, `"inf"` or `"-inf"`; `None` for a
+/// finite one (written as a JSON number).
+pub(crate) fn non_finite_name(v: f64) -> Option<&'static str> {
+    if v.is_finite() {
+        None
+    } else if v.is_nan() {
+        Some("nan")
+    } else if v > 0.0 {
+        Some("inf")
+    } else {
+        Some("-inf")
     }
 }
 
