@@ -2,9 +2,11 @@
 //! and safetensors in, one JSON answer per call out, error answers, exit statuses. Expected
 //! values are the spec's worked cases or the library's own answer for the same call.
 
-use std::io::Write;
+mod common;
+
+use common::{answers, nucleus, run_subcommand, text};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
 use half::{bf16, f16};
 use nucleus_sampling::npu::{top_k_top_p_sample, QIndexing, TopKTopPSampleOptions};
@@ -12,45 +14,9 @@ use nucleus_sampling::{InputKind, LogitsView};
 use safetensors::Dtype;
 use serde_json::{json, Value};
 
-fn nucleus() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_nucleus"));
-    cmd.env("RUST_BACKTRACE", "1");
-    cmd
-}
-
+/// Runs `nucleus top-k-top-p-sample ARGS` with `stdin` as its standard input.
 fn run(args: &[&str], stdin: &str) -> Output {
-    let mut child = nucleus()
-        .arg("top-k-top-p-sample")
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run nucleus");
-    let mut input = child.stdin.take().unwrap();
-    let text = stdin.to_owned();
-    let writer = std::thread::spawn(move || input.write_all(text.as_bytes()));
-    let out = child.wait_with_output().expect("wait for nucleus");
-    writer.join().unwrap().expect("write stdin");
-    out
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-/// The answer lines of a successful run.
-fn answers(out: &Output) -> Vec<Value> {
-    assert!(
-        out.status.success(),
-        "exit {:?}: {}",
-        out.status,
-        text(&out.stderr)
-    );
-    text(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .collect()
+    run_subcommand("top-k-top-p-sample", args, stdin)
 }
 
 fn calls(lines: &[Value]) -> Vec<Value> {

@@ -2,9 +2,12 @@
 //! input; exit statuses. Expected values are exact: hand cases, or the library's own answer
 //! for the same row and parameters.
 
+mod common;
+
+use common::{answers, nucleus, run_subcommand, text};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::time::Duration;
 
 use nucleus_sampling::{
@@ -13,46 +16,9 @@ use nucleus_sampling::{
 use safetensors::Dtype;
 use serde_json::{json, Value};
 
-fn nucleus() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_nucleus"));
-    cmd.env("RUST_BACKTRACE", "1");
-    cmd
-}
-
 /// Runs `nucleus sample ARGS` with `stdin` as its standard input.
 fn run(args: &[&str], stdin: &str) -> Output {
-    let mut child = nucleus()
-        .arg("sample")
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run nucleus");
-    let mut input = child.stdin.take().unwrap();
-    let text = stdin.to_owned();
-    let writer = std::thread::spawn(move || input.write_all(text.as_bytes()));
-    let out = child.wait_with_output().expect("wait for nucleus");
-    writer.join().unwrap().expect("write stdin");
-    out
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// The answers of a successful run, one JSON value per output line.
-fn answers(out: &Output) -> Vec<Value> {
-    assert!(
-        out.status.success(),
-        "exit {:?}: {}",
-        out.status,
-        text(&out.stderr)
-    );
-    text(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .collect()
+    run_subcommand("sample", args, stdin)
 }
 
 /// Samples the given rows (JSON values, one line each) and returns the answers.
