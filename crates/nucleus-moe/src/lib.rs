@@ -1,0 +1,138 @@
+//! MoE routing operators with the Ascend NPU contracts (`../shared/spec/moe_routing.md`, the
+//! operator of torch_npu's `npu_moe_init_routing_v2` and the operators around it), on the CPU.
+//!
+//! A complete MoE layer runs on these operators:
+//!
+//! 1. gating: [`moe_gating_top_k_softmax`] (softmax then top-k, optional renormalisation,
+//!    finished rows) or [`moe_gating_top_k`] (DeepSeek-V3 grouped routing) gives each token's
+//!    `expert_idx [N, K]` and weights `[N, K]`;
+//! 2. [`moe_init_routing`] sorts the `N * K` routes by expert (a stable counting sort,
+//!    O(N*K + E)) and copies (optionally quantises to int8) each token's row once per route into
+//!    `expanded_x`, so every expert's rows are contiguous; `expert_tokens` says how many;
+//! 3. the caller runs each expert on its rows;
+//! 4. [`moe_token_unpermute`] / [`moe_finalize_routing`] combine each token's expert outputs
+//!    with its weights (`-1` routes contribute nothing).
+//!
+//! Tensors are flat row-major slices with their sizes given beside them; elements are `f32`,
+//! `f16`, `bf16` (and `i8` for `x`), see [`Element`]. Every rule of the spec is checked, and a
+//! violated rule is a [`MoeError`] that names it; nothing panics on user input.
+
+mod error;
+mod gating;
+mod init_routing;
+mod unpermute;
+
+pub use error::MoeError;
+pub use gating::{
+    moe_gating_top_k, moe_gating_top_k_softmax, GatingOutput, GroupSelectMode, GroupedTopKParams,
+    NormType,
+};
+pub use init_routing::{
+    moe_init_routing, moe_init_routing_into, DropPadMode, ExpandedX, ExpertTokensNumType,
+    MoeInitRoutingAttrs, MoeInitRoutingInput, MoeInitRoutingOutput, QuantMode, RowIdxType,
+    MAX_EXPERT_NUM, MAX_EXPERT_NUM_KEY_VALUE,
+};
+pub use unpermute::{moe_finalize_routing, moe_token_unpermute, FinalizeRoutingInput};
+
+use half::{bf16, f16};
+
+/// The element type of a tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// IEEE binary32.
+    F32,
+    /// IEEE binary16.
+    F16,
+    /// bfloat16.
+    Bf16,
+    /// Signed 8-bit integer (the quantised `expanded_x`, or an already-quantised `x`).
+    I8,
+}
+
+impl DType {
+    /// `"f32"`, `"f16"`, `"bf16"`, `"i8"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::Bf16 => "bf16",
+            DType::I8 => "i8",
+        }
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::f16 {}
+    impl Sealed for half::bf16 {}
+    impl Sealed for i8 {}
+}
+
+/// An element type of `x` / `expanded_x`: `f32`, `f16`, `bf16` or `i8`. Arithmetic (quantisation)
+/// is done in f32 after an exact widening.
+pub trait Element:
+    Copy + Send + Sync + Default + PartialEq + std::fmt::Debug + 'static + sealed::Sealed
+{
+    /// The element's [`DType`].
+    const DTYPE: DType;
+    /// The value as f32 (exact for every implementing type).
+    fn to_f32(self) -> f32;
+}
+
+/// A floating-point [`Element`] (`f32`, `f16`, `bf16`): gating logits, expert outputs.
+pub trait FloatElement: Element {
+    /// The f32 value rounded to this type (round to nearest even).
+    fn from_f32(v: f32) -> Self;
+}
+
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+impl FloatElement for f32 {
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+}
+impl Element for f16 {
+    const DTYPE: DType = DType::F16;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+}
+impl FloatElement for f16 {
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+}
+impl Element for bf16 {
+    const DTYPE: DType = DType::Bf16;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+}
+impl FloatElement for bf16 {
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+}
+impl Element for i8 {
+    const DTYPE: DType = DType::I8;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self as f32
+    }
+}
+
+/// Work below this many bytes is done on the calling thread: a rayon dispatch costs a few µs,
+/// about the time to copy this much.
+pub(crate) const PARALLEL_MIN_BYTES: usize = 256 * 1024;
