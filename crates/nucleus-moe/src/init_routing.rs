@@ -1,6 +1,8 @@
 //! `moe_init_routing`: spec/moe_routing.md, "`moe_init_routing` inputs and attributes", "Order",
 //! "Outputs", "Quantisation" (torch_npu's `npu_moe_init_routing_v2`).
 
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
 
 use crate::{DType, Element, MoeError, PARALLEL_MIN_BYTES};
@@ -279,12 +281,12 @@ pub fn moe_init_routing_into<T: Element>(
 
     match (&pre, plan.quant) {
         (None, QuantMode::None) => {
-            let dst = reuse_unquantized(&mut out.expanded_x, rows * h);
-            gather_rows(dst, h, input.x, &|r| src(r).map(|j| j / input.k));
+            let dst = unquantized_vec(&mut out.expanded_x);
+            gather_rows(dst, rows, h, input.x, &|r| src(r).map(|j| j / input.k));
         }
         (Some(q), _) => {
-            let dst = reuse_int8(&mut out.expanded_x, rows * h);
-            gather_rows(dst, h, &q.values, &|r| src(r).map(|j| j / input.k));
+            let dst = int8_vec(&mut out.expanded_x);
+            gather_rows(dst, rows, h, &q.values, &|r| src(r).map(|j| j / input.k));
         }
         (None, _) => {
             // Dynamic with a smooth scale per expert: quantise each placed route.
@@ -292,7 +294,7 @@ pub fn moe_init_routing_into<T: Element>(
             let start = plan.start;
             let mut ok = vec![true; rows];
             let scales = reuse_vec(out.expanded_scale.get_or_insert_with(Vec::new), rows);
-            let dst = reuse_int8(&mut out.expanded_x, rows * h);
+            let dst = reuse_vec(int8_vec(&mut out.expanded_x), rows * h);
             let work =
                 |(r, ((row, s), ok)): (usize, ((&mut [i8], &mut f32), &mut bool))| match src(r) {
                     Some(j) => {
@@ -930,22 +932,37 @@ fn quantise_rows<T: Element>(
     Ok(Quantised { values, scales })
 }
 
-/// `dst` row `r` = `src` row `src_row(r)`, or zeros; rows in parallel when large.
+/// Sets `dst` to `rows * h` elements: row `r` = `src` row `src_row(r)`, or zeros. The rows are
+/// written straight into `dst`'s spare capacity (no zero fill before the copy: a fresh
+/// `expanded_x` is written once), in parallel when large.
 fn gather_rows<U: Copy + Default + Send + Sync>(
-    dst: &mut [U],
+    dst: &mut Vec<U>,
+    rows: usize,
     h: usize,
     src: &[U],
     src_row: &(dyn Fn(usize) -> Option<usize> + Sync),
 ) {
-    let work = |(r, row): (usize, &mut [U])| match src_row(r) {
-        Some(i) => row.copy_from_slice(&src[i * h..][..h]),
-        None => row.fill(U::default()),
+    let len = rows * h;
+    dst.clear();
+    dst.reserve_exact(len);
+    let spare = &mut dst.spare_capacity_mut()[..len];
+    let work = |(r, row): (usize, &mut [MaybeUninit<U>])| match src_row(r) {
+        Some(i) => {
+            let from = &src[i * h..][..h];
+            // SAFETY: `row` and `from` are both `h` elements long, and do not overlap (`from`
+            // is borrowed immutably while `row` is a part of `dst`'s spare capacity).
+            unsafe { std::ptr::copy_nonoverlapping(from.as_ptr(), row.as_mut_ptr().cast::<U>(), h) }
+        }
+        None => row.iter_mut().for_each(|v| {
+            v.write(U::default());
+        }),
     };
-    if std::mem::size_of_val(dst) >= PARALLEL_MIN_BYTES {
+    if len * std::mem::size_of::<U>() >= PARALLEL_MIN_BYTES {
         // Chunks of whole rows of at least ~64 KiB each, so a task outweighs its dispatch.
         let row_bytes = h * std::mem::size_of::<U>();
         let per_task = (64 * 1024 / row_bytes.max(1)).max(1);
-        dst.par_chunks_mut(h * per_task)
+        spare
+            .par_chunks_mut(h * per_task)
             .enumerate()
             .for_each(|(t, chunk)| {
                 chunk
@@ -954,8 +971,11 @@ fn gather_rows<U: Copy + Default + Send + Sync>(
                     .for_each(|(i, row)| work((t * per_task + i, row)))
             });
     } else {
-        dst.chunks_mut(h).enumerate().for_each(work);
+        spare.chunks_mut(h).enumerate().for_each(work);
     }
+    // SAFETY: every one of the `len` elements was written above (each row is either copied
+    // whole or filled whole), and `len <= capacity`.
+    unsafe { dst.set_len(len) };
 }
 
 fn reuse_vec<U: Copy + Default>(v: &mut Vec<U>, len: usize) -> &mut [U] {
@@ -966,22 +986,22 @@ fn reuse_vec<U: Copy + Default>(v: &mut Vec<U>, len: usize) -> &mut [U] {
     v
 }
 
-fn reuse_unquantized<T: Element>(x: &mut ExpandedX<T>, len: usize) -> &mut [T] {
+fn unquantized_vec<T: Element>(x: &mut ExpandedX<T>) -> &mut Vec<T> {
     if !matches!(x, ExpandedX::Unquantized(_)) {
         *x = ExpandedX::Unquantized(Vec::new());
     }
     match x {
-        ExpandedX::Unquantized(v) => reuse_vec(v, len),
+        ExpandedX::Unquantized(v) => v,
         ExpandedX::Int8(_) => unreachable!(),
     }
 }
 
-fn reuse_int8<T>(x: &mut ExpandedX<T>, len: usize) -> &mut [i8] {
+fn int8_vec<T>(x: &mut ExpandedX<T>) -> &mut Vec<i8> {
     if !matches!(x, ExpandedX::Int8(_)) {
         *x = ExpandedX::Int8(Vec::new());
     }
     match x {
-        ExpandedX::Int8(v) => reuse_vec(v, len),
+        ExpandedX::Int8(v) => v,
         ExpandedX::Unquantized(_) => unreachable!(),
     }
 }
