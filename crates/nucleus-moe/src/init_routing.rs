@@ -89,7 +89,7 @@ attr_enum_from_i64!(RowIdxType, "row_idx_type", "row_idx_type must be 0 (gather)
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MoeInitRoutingAttrs {
     /// -1 or 0: every in-range route gets a row (dropless); > 0: at most this many rows
-    /// (active). Less than -1 is refused.
+    /// (active). Less than -1 is refused. Ignored in drop/pad mode (the capacity caps rows).
     pub active_num: i64,
     /// C, drop/pad only (`1 <= C <= N`); ignored in dropless mode.
     pub expert_capacity: i64,
@@ -498,12 +498,8 @@ impl Plan {
                         ),
                     ));
                 }
-                if attrs.active_num > 0 {
-                    return Err(MoeError::combination(
-                        "active_num > 0 (active mode) cannot be combined with drop/pad mode",
-                        format!("active_num {}", attrs.active_num),
-                    ));
-                }
+                // active_num is ignored here, as expert_capacity is outside drop/pad mode: the
+                // spec defines the drop/pad outputs without it.
                 capacity = attrs.expert_capacity as usize;
                 out_rows = e as usize * capacity;
             }

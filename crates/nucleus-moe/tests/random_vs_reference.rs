@@ -851,14 +851,11 @@ fn init_routing_attribute_boundaries_accepted() {
     );
 }
 
-/// Spec ambiguity, operator disagreement: the spec's drop/pad rules ("Drop/pad requires range =
-/// [0, E), row_idx_type 0, and count type") do not mention `active_num`, and the drop/pad output
-/// (`[E, C, H]`, routes past capacity dropped) is defined without it, so by the spec text
-/// drop/pad with `active_num > 0` is legal and `active_num` has no effect there (the reference's
-/// reading). The operator refuses it ("active_num > 0 (active mode) cannot be combined with
-/// drop/pad mode"). Minimal case: N=1, K=1, E=1, ids [[0]], drop/pad, C=1, count, active_num 1.
+/// The spec's drop/pad rules ("Drop/pad requires range = [0, E), row_idx_type 0, and count
+/// type") do not mention `active_num`, and the drop/pad output (`[E, C, H]`, routes past
+/// capacity dropped) is defined without it, so drop/pad with `active_num > 0` is legal and
+/// `active_num` has no effect there (as `expert_capacity` has none outside drop/pad).
 #[test]
-#[ignore = "spec ambiguity: the operator refuses drop/pad with active_num > 0, a rule the spec does not list"]
 fn drop_pad_with_positive_active_num() {
     let mut rng = Rng::new(0x5EED_000A);
     let mut counts = Counts::default();
