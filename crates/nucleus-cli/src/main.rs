@@ -37,6 +37,8 @@ enum Command {
     /// Ascend's fused top-k -> top-p -> exponential sampling (npu_top_k_top_p_sample): one
     /// call per JSON line (or a safetensors file), one JSON answer per call.
     TopKTopPSample(nucleus_cli::npu_sample::NpuSampleArgs),
+    /// MoE token routing (npu_moe_init_routing_v2): one call per JSON line, one answer per call.
+    MoeInitRouting(nucleus_cli::moe_init_routing::MoeInitRoutingArgs),
     /// Measure speed against named baselines on generated data.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -165,6 +167,7 @@ fn main() -> ExitCode {
         Command::Generate(args) => generate(args),
         Command::Sample(args) => sample(args),
         Command::TopKTopPSample(args) => Ok(nucleus_cli::npu_sample::command(&args)),
+        Command::MoeInitRouting(args) => Ok(nucleus_cli::moe_init_routing::command(&args)),
         Command::Bench(BenchCommand::Sampling(args)) => bench_sampling(args),
         Command::Bench(BenchCommand::NpuSample(args)) => {
             nucleus_cli::bench::npu_sample::run(&args, &mut std::io::stdout())
