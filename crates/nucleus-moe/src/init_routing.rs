@@ -246,9 +246,11 @@ impl<T> Default for MoeInitRoutingOutput<T> {
 /// (`expert_num` outside `1..=10240` or `1..=5120` for key-value, `active_num < -1`,
 /// a bad `active_expert_range`, `expert_capacity` outside `1..=N` in drop/pad mode), drop/pad
 /// with a partial range, scatter indices or a non-count `expert_tokens_num_type`, i8 `x` with
-/// quantisation, `N * K` past `i32::MAX`, and non-finite quantisation inputs (NaN `x` with
-/// static quantisation; any non-finite `x * smooth` with dynamic quantisation; non-finite
-/// static `scale` / `offset`).
+/// quantisation, `N * K` past `i32::MAX`, and non-finite quantisation inputs in a row that is
+/// placed (NaN `x` with static quantisation, where +-inf saturates to 127 / -128; any
+/// non-finite `x * smooth` with dynamic quantisation; non-finite static `scale` / `offset`).
+/// Rows no route places (invalid routes, rows dropped by `active_num` or capacity) are never
+/// read for quantisation, so they cannot fail.
 pub fn moe_init_routing<T: Element>(
     input: &MoeInitRoutingInput<'_, T>,
     attrs: &MoeInitRoutingAttrs,
@@ -270,11 +272,19 @@ pub fn moe_init_routing_into<T: Element>(
     let h = input.hidden_size;
     let rows = plan.out_rows;
     let src = |r: usize| -> Option<usize> { routes.source_route(r, &plan) };
+    let placed_rows = || {
+        let mut placed = vec![false; input.num_rows];
+        for j in (0..rows).filter_map(src) {
+            placed[j / input.k] = true;
+        }
+        placed
+    };
     // Quantise the source rows once when the result does not depend on the expert.
+    // Only rows that are placed somewhere are quantised (and can fail).
     let pre = match plan.quant {
-        QuantMode::Static => Some(quantise_rows(input, QuantMode::Static)?),
+        QuantMode::Static => Some(quantise_rows(input, QuantMode::Static, &placed_rows())?),
         QuantMode::Dynamic if !plan.per_expert_smooth => {
-            Some(quantise_rows(input, QuantMode::Dynamic)?)
+            Some(quantise_rows(input, QuantMode::Dynamic, &placed_rows())?)
         }
         _ => None,
     };
@@ -804,7 +814,9 @@ fn quantise_static_row<T: Element>(x: &[T], scale: f32, offset: f32, q: &mut [i8
 }
 
 /// Dynamic int8 of one row: `v = x * smooth`, `s = max|v| / 127`, `q = round_half_even(v / s)`
-/// (q = 0 and s = 0 for an all-zero row). `None` if some `v` is not finite.
+/// (q = 0 and s = 0 for an all-zero row, and for a row whose `max|v| / 127` underflows to 0 in
+/// f32, i.e. `max|v| < 127 * 2^-149`: 0 is then the nearest dequantised value). `None` if
+/// some `v` is not finite.
 #[inline]
 fn quantise_dynamic_row<T: Element>(x: &[T], smooth: Option<&[f32]>, q: &mut [i8]) -> Option<f32> {
     let mut max = 0f32;
@@ -869,10 +881,12 @@ fn non_finite_error<T: Element>(
     }
 }
 
-/// Quantises every source row once; the first failing row (lowest index) is the error.
+/// Quantises every placed source row once (the others stay zeros, unread); the first failing
+/// row (lowest index) is the error.
 fn quantise_rows<T: Element>(
     input: &MoeInitRoutingInput<'_, T>,
     quant: QuantMode,
+    placed: &[bool],
 ) -> Result<Quantised, MoeError> {
     let h = input.hidden_size;
     let mut values = vec![0i8; input.x.len()];
@@ -886,8 +900,14 @@ fn quantise_rows<T: Element>(
         _ => (1.0, 0.0),
     };
     let smooth = input.scale;
-    type Row<'a, T> = (((&'a [T], &'a mut [i8]), &'a mut f32), &'a mut bool);
-    let work = |(((x, q), s), ok): Row<'_, T>| {
+    type Row<'a, T> = (
+        (((&'a [T], &'a mut [i8]), &'a mut f32), &'a mut bool),
+        &'a bool,
+    );
+    let work = |((((x, q), s), ok), &placed): Row<'_, T>| {
+        if !placed {
+            return;
+        }
         if quant == QuantMode::Static {
             *ok = quantise_static_row(x, scale, offset, q);
         } else {
@@ -904,6 +924,7 @@ fn quantise_rows<T: Element>(
             .zip(values.par_chunks_mut(h))
             .zip(scales.par_iter_mut())
             .zip(ok.par_iter_mut())
+            .zip(placed.par_iter())
             .for_each(work);
     } else {
         input
@@ -912,6 +933,7 @@ fn quantise_rows<T: Element>(
             .zip(values.chunks_mut(h))
             .zip(scales.iter_mut())
             .zip(ok.iter_mut())
+            .zip(placed.iter())
             .for_each(work);
     }
     if let Some(row) = ok.iter().position(|&o| !o) {

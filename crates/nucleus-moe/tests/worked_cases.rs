@@ -582,3 +582,68 @@ fn grouped_gating_deepseek_v3() {
     assert_eq!(g.expert_idx, [4, 2]);
     assert_eq!(g.weights, [s[4], s[2]]);
 }
+
+#[test]
+fn only_placed_rows_are_quantised() {
+    // Row 1 holds a NaN but no route places it (its only route is invalid): every
+    // quantisation path accepts the call, and the NaN row is refused once it is placed.
+    let x = [1., f32::NAN];
+    let dynamic = MoeInitRoutingAttrs {
+        quant_mode: QuantMode::Dynamic,
+        ..MoeInitRoutingAttrs::new(2)
+    };
+    let stat = MoeInitRoutingAttrs {
+        quant_mode: QuantMode::Static,
+        ..MoeInitRoutingAttrs::new(2)
+    };
+    let per_expert = [1., 1.];
+    let cases: [(&MoeInitRoutingAttrs, Option<&[f32]>, Option<&[f32]>); 4] = [
+        (&dynamic, None, None),
+        (&dynamic, Some(&[1.]), None),
+        (&dynamic, Some(&per_expert), None),
+        (&stat, Some(&[1.]), Some(&[0.])),
+    ];
+    for (attrs, scale, offset) in cases {
+        let inp = MoeInitRoutingInput {
+            scale,
+            offset,
+            ..input(&x, 1, &[0, -1], 1)
+        };
+        let out = moe_init_routing(&inp, attrs).unwrap();
+        let q = if attrs.quant_mode == QuantMode::Static {
+            1
+        } else {
+            127
+        };
+        assert_eq!(int8(&out.expanded_x), [q, 0], "{attrs:?} {scale:?}");
+        let inp = MoeInitRoutingInput {
+            scale,
+            offset,
+            ..input(&x, 1, &[0, 1], 1)
+        };
+        match moe_init_routing(&inp, attrs).unwrap_err() {
+            MoeError::NonFinite { row, col, .. } => assert_eq!((row, col), (1, 0)),
+            e => panic!("{e}"),
+        }
+    }
+    // A row dropped by active_num is not read either.
+    let active = MoeInitRoutingAttrs {
+        active_num: 1,
+        ..dynamic.clone()
+    };
+    let out = moe_init_routing(&input(&x, 1, &[0, 0], 1), &active).unwrap();
+    assert_eq!(int8(&out.expanded_x), [127]);
+}
+
+#[test]
+fn dynamic_scale_underflow_gives_zeros() {
+    // max|v| / 127 underflows to 0 in f32: q = 0, s = 0 (0 is the nearest dequantised value).
+    let x = [1e-44f32, 0.];
+    let attrs = MoeInitRoutingAttrs {
+        quant_mode: QuantMode::Dynamic,
+        ..MoeInitRoutingAttrs::new(1)
+    };
+    let out = moe_init_routing(&input(&x, 2, &[0], 1), &attrs).unwrap();
+    assert_eq!(int8(&out.expanded_x), [0, 0]);
+    assert_eq!(out.expanded_scale.unwrap(), [0.0]);
+}
