@@ -597,7 +597,12 @@ fn only_placed_rows_are_quantised() {
         ..MoeInitRoutingAttrs::new(2)
     };
     let per_expert = [1., 1.];
-    let cases: [(&MoeInitRoutingAttrs, Option<&[f32]>, Option<&[f32]>); 4] = [
+    type Case<'a> = (
+        &'a MoeInitRoutingAttrs,
+        Option<&'a [f32]>,
+        Option<&'a [f32]>,
+    );
+    let cases: [Case; 4] = [
         (&dynamic, None, None),
         (&dynamic, Some(&[1.]), None),
         (&dynamic, Some(&per_expert), None),
