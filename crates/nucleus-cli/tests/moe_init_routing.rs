@@ -898,3 +898,41 @@ fn safetensors_call_errors_are_answers_and_unusable_inputs_exit_2() {
         assert!(out.stdout.is_empty());
     }
 }
+
+/// An output larger than memory is an `allocation` error answer, and the next line is still
+/// answered (the address space is capped at 3 GB so the outcome does not depend on the
+/// machine: N = 1, K = H = 100,000 asks for a 40 GB expanded_x).
+#[cfg(unix)]
+#[test]
+fn an_output_larger_than_memory_is_an_error_answer() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let n = 100_000;
+    let ones = vec!["1"; n].join(",");
+    let zeros = vec!["0"; n].join(",");
+    let input = format!(
+        "{{\"x\": [[{ones}]], \"expert_idx\": [[{zeros}]], \"expert_num\": 1}}\n{{{COMMON}}}\n"
+    );
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -v 3000000 && exec \"$0\" moe-init-routing")
+        .arg(env!("CARGO_BIN_EXE_nucleus"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run nucleus under sh");
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap().unwrap();
+    let got = answers(&out);
+    assert_eq!(got.len(), 2, "{}", text(&out.stderr));
+    let (kind, message) = error_of(&got[0]);
+    assert_eq!(kind, "allocation", "{message}");
+    assert!(
+        message.contains("expanded_x") && message.contains("40000000000 bytes"),
+        "{message}"
+    );
+    assert_eq!(got[1]["valid_rows"], 6);
+}

@@ -48,6 +48,17 @@ pub enum MoeError {
         /// The rule, in words.
         rule: &'static str,
     },
+    /// An output larger than memory: `expanded_x` in drop/pad mode is `[E, C, H]` and in
+    /// dropless mode `[N * K, H]`, both can be far larger than the inputs.
+    #[error("cannot allocate {tensor}: {bytes} bytes ({shape})")]
+    Allocation {
+        /// The output's name.
+        tensor: &'static str,
+        /// The bytes it needs.
+        bytes: u128,
+        /// Its shape, in words.
+        shape: String,
+    },
     /// An index (a routing index or an expert id) that does not point at a row.
     #[error("{tensor}[{position}] = {value}: {rule}")]
     Index {
@@ -63,7 +74,8 @@ pub enum MoeError {
 }
 
 impl MoeError {
-    /// A stable snake_case category: `shape`, `attribute`, `combination`, `non_finite`, `index`.
+    /// A stable snake_case category: `shape`, `attribute`, `combination`, `non_finite`, `index`,
+    /// `allocation`.
     pub fn kind(&self) -> &'static str {
         match self {
             MoeError::Shape { .. } => "shape",
@@ -71,6 +83,7 @@ impl MoeError {
             MoeError::Combination { .. } => "combination",
             MoeError::NonFinite { .. } => "non_finite",
             MoeError::Index { .. } => "index",
+            MoeError::Allocation { .. } => "allocation",
         }
     }
 
@@ -91,6 +104,21 @@ impl MoeError {
             value: format!("{value:?}"),
             rule,
         }
+    }
+
+    /// Reserves room for exactly `len` elements in the cleared `v`, or the typed error.
+    pub(crate) fn reserve<U>(
+        v: &mut Vec<U>,
+        len: usize,
+        tensor: &'static str,
+        shape: impl FnOnce() -> String,
+    ) -> Result<(), Self> {
+        v.clear();
+        v.try_reserve_exact(len).map_err(|_| MoeError::Allocation {
+            tensor,
+            bytes: len as u128 * std::mem::size_of::<U>() as u128,
+            shape: shape(),
+        })
     }
 
     pub(crate) fn combination(rule: &'static str, detail: impl Into<String>) -> Self {

@@ -248,7 +248,9 @@ impl<T> Default for MoeInitRoutingOutput<T> {
 /// with a partial range, scatter indices or a non-count `expert_tokens_num_type`, i8 `x` with
 /// quantisation, `N * K` past `i32::MAX`, and non-finite quantisation inputs in a row that is
 /// placed (NaN `x` with static quantisation, where +-inf saturates to 127 / -128; any
-/// non-finite `x * smooth` with dynamic quantisation; non-finite static `scale` / `offset`).
+/// non-finite `x * smooth` with dynamic quantisation; non-finite static `scale` / `offset` or
+/// smooth scale). An `expanded_x` that cannot be allocated is [`MoeError::Allocation`] (it is
+/// reserved before any work).
 /// Rows no route places (invalid routes, rows dropped by `active_num` or capacity) are never
 /// read for quantisation, so they cannot fail.
 pub fn moe_init_routing<T: Element>(
@@ -268,9 +270,34 @@ pub fn moe_init_routing_into<T: Element>(
     out: &mut MoeInitRoutingOutput<T>,
 ) -> Result<(), MoeError> {
     let plan = Plan::new(input, attrs)?;
-    let routes = Routes::sort(input.expert_idx, &plan);
     let h = input.hidden_size;
     let rows = plan.out_rows;
+    // The output can be far larger than the inputs (drop/pad: E * C rows): reserve it first.
+    let shape = || match plan.mode {
+        DropPadMode::DropPad => {
+            format!("[E, C, H] = [{}, {}, {h}]", plan.expert_num, plan.capacity)
+        }
+        DropPadMode::Dropless => format!("[{rows}, {h}]"),
+    };
+    let elem_bytes = match plan.quant {
+        QuantMode::None => std::mem::size_of::<T>(),
+        _ => 1,
+    };
+    let len = rows.checked_mul(h).ok_or_else(|| MoeError::Allocation {
+        tensor: "expanded_x",
+        bytes: rows as u128 * h as u128 * elem_bytes as u128,
+        shape: shape(),
+    })?;
+    match plan.quant {
+        QuantMode::None => MoeError::reserve(
+            unquantized_vec(&mut out.expanded_x),
+            len,
+            "expanded_x",
+            shape,
+        )?,
+        _ => MoeError::reserve(int8_vec(&mut out.expanded_x), len, "expanded_x", shape)?,
+    }
+    let routes = Routes::sort(input.expert_idx, &plan);
     let src = |r: usize| -> Option<usize> { routes.source_route(r, &plan) };
     let placed_rows = || {
         let mut placed = vec![false; input.num_rows];
@@ -581,6 +608,15 @@ impl Plan {
             }
             QuantMode::Dynamic => {
                 if let Some(s) = input.scale {
+                    if let Some(i) = s.iter().position(|v| !v.is_finite()) {
+                        return Err(MoeError::NonFinite {
+                            tensor: "scale",
+                            row: i / h,
+                            col: i % h,
+                            value: s[i],
+                            rule: "the smooth scale of dynamic quantisation must be finite",
+                        });
+                    }
                     if s.len() == range * h {
                         per_expert_smooth = range > 1;
                     } else if s.len() != h {
@@ -799,7 +835,7 @@ struct Quantised {
 const STATIC_RULE: &str =
     "static quantisation needs x * scale + offset to be a number (NaN cannot be quantised)";
 const DYNAMIC_RULE: &str =
-    "dynamic quantisation needs every x * smooth scale to be finite (its row maximum is the scale)";
+    "dynamic quantisation needs every x * smooth scale to be finite (x non-finite, or the product overflowing f32, has no scale)";
 
 /// Static int8 of one row; `false` if some `x * scale + offset` is NaN.
 #[inline]
@@ -815,8 +851,9 @@ fn quantise_static_row<T: Element>(x: &[T], scale: f32, offset: f32, q: &mut [i8
 
 /// Dynamic int8 of one row: `v = x * smooth`, `s = max|v| / 127`, `q = round_half_even(v / s)`
 /// (q = 0 and s = 0 for an all-zero row, and for a row whose `max|v| / 127` underflows to 0 in
-/// f32, i.e. `max|v| < 127 * 2^-149`: 0 is then the nearest dequantised value). `None` if
-/// some `v` is not finite.
+/// f32, i.e. `max|v| < 127 * 2^-149`: 0 is then the nearest dequantised value). q is clamped to
+/// [-128, 127]; it passes 127 only when `s` is subnormal and rounded. `None` if some `v` is not
+/// finite.
 #[inline]
 fn quantise_dynamic_row<T: Element>(x: &[T], smooth: Option<&[f32]>, q: &mut [i8]) -> Option<f32> {
     let mut max = 0f32;

@@ -199,7 +199,15 @@ pub fn moe_finalize_routing<T: FloatElement>(
         }
     }
 
-    let mut out = vec![T::default(); n * h];
+    let mut out = Vec::new();
+    let shape = || format!("[N, H] = [{n}, {h}]");
+    let len = n.checked_mul(h).ok_or_else(|| MoeError::Allocation {
+        tensor: "out",
+        bytes: n as u128 * h as u128 * std::mem::size_of::<T>() as u128,
+        shape: shape(),
+    })?;
+    MoeError::reserve(&mut out, len, "out", shape)?;
+    out.resize(len, T::default());
     let token = |i: usize, dst: &mut [T], acc: &mut Vec<f32>| {
         acc.clear();
         acc.resize(h, 0.0);

@@ -652,3 +652,29 @@ fn dynamic_scale_underflow_gives_zeros() {
     assert_eq!(int8(&out.expanded_x), [0, 0]);
     assert_eq!(out.expanded_scale.unwrap(), [0.0]);
 }
+
+#[test]
+fn a_non_finite_smooth_scale_is_named() {
+    let attrs = MoeInitRoutingAttrs {
+        quant_mode: QuantMode::Dynamic,
+        ..MoeInitRoutingAttrs::new(2)
+    };
+    let smooth = [1., 1., 1., f32::INFINITY];
+    let inp = MoeInitRoutingInput {
+        scale: Some(&smooth),
+        ..input(&[1f32, 2.], 2, &[0], 1)
+    };
+    match moe_init_routing(&inp, &attrs).unwrap_err() {
+        MoeError::NonFinite {
+            tensor, row, col, ..
+        } => assert_eq!((tensor, row, col), ("scale", 1, 1)),
+        e => panic!("{e}"),
+    }
+    // A product that overflows f32 names x and says why.
+    let inp = MoeInitRoutingInput {
+        scale: Some(&[2., 1.]),
+        ..input(&[3e38f32, 1.], 2, &[0], 1)
+    };
+    let e = moe_init_routing(&inp, &attrs).unwrap_err();
+    assert!(e.to_string().contains("overflowing"), "{e}");
+}
