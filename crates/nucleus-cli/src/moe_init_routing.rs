@@ -727,6 +727,15 @@ pub fn answer_call(call: CallInput) -> Result<Answer, CallError> {
         row_idx_type: call.row_idx_type,
     }
     .to_attrs()?;
+    if call.x.is_empty() {
+        return Err(CallError::new(
+            "shape",
+            "x has no rows: a JSON call needs N >= 1 to know H (an N = 0 call can be made with --tensors)",
+        ));
+    }
+    if call.x.len() != call.expert_idx.len() {
+        return Err(rows_error(call.x.len(), call.expert_idx.len()));
+    }
     let (x, hidden_size) = flatten("x", &call.x)?;
     let x = x_values(&x, hidden_size, call.x_dtype.unwrap_or_default())?;
     let (expert_idx, k) = flatten("expert_idx", &call.expert_idx)?;
@@ -769,14 +778,21 @@ pub fn run_jsonl(input: Box<dyn Read + Send>, out: &mut dyn Write) -> Result<(),
 /// `expert_num``) or saying the text is not JSON.
 pub fn read_attrs(text: &str) -> Result<AttrsInput, String> {
     let path = Path::new(text);
-    let bytes = if !text.trim_start().starts_with('{') && path.is_file() {
+    let from_file = !text.trim_start().starts_with('{') && path.is_file();
+    let bytes = if from_file {
         std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?
     } else {
         text.as_bytes().to_vec()
     };
+    let source = if from_file {
+        format!("--attrs file {}", path.display())
+    } else {
+        "--attrs".to_owned()
+    };
     match from_json::<Object<AttrsInput>>(&bytes) {
         Ok(Object(a)) => Ok(a),
-        Err(JsonError::Shape(m)) => Err(format!("--attrs: {m}")),
+        Err(JsonError::Shape(m)) => Err(format!("{source}: {m}")),
+        Err(JsonError::Syntax(e)) if from_file => Err(format!("{source}: invalid JSON: {e}")),
         Err(JsonError::Syntax(e)) => Err(format!(
             "--attrs is neither a readable file nor a JSON object: {e}"
         )),
@@ -784,6 +800,14 @@ pub fn read_attrs(text: &str) -> Result<AttrsInput, String> {
 }
 
 const TENSOR_NAMES: [&str; 4] = ["x", "expert_idx", "scale", "offset"];
+
+/// `x [N, H]` and `expert_idx [N, K]` with different N.
+fn rows_error(x_rows: usize, idx_rows: usize) -> CallError {
+    CallError::new(
+        "shape",
+        format!("x has {x_rows} rows but expert_idx has {idx_rows}: both must have N rows (x [N, H], expert_idx [N, K])"),
+    )
+}
 
 fn rank_error(name: &str, shape: &[usize], want: &str) -> CallError {
     CallError::new(
@@ -844,9 +868,12 @@ fn tensors(file: &SafeTensors<'_>) -> Result<Tensors, CallError> {
         other => return Err(dtype_error("x", other, "F32, F16, BF16 or I8")),
     };
     let idx = require("expert_idx")?;
-    let &[_, k] = idx.shape() else {
+    let &[idx_rows, k] = idx.shape() else {
         return Err(rank_error("expert_idx", idx.shape(), "rank 2, [N, K]"));
     };
+    if idx_rows != num_rows {
+        return Err(rows_error(num_rows, idx_rows));
+    }
     let expert_idx = match idx.dtype() {
         Dtype::I32 => words::<4>(idx.data()).map(i32::from_le_bytes).collect(),
         Dtype::I64 => words::<8>(idx.data())

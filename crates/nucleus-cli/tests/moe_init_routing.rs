@@ -380,6 +380,17 @@ fn bad_calls_get_error_answers_naming_the_rule_and_the_next_lines_are_answered()
             "invalid_call",
             "x_dtype: unknown variant `f64`",
         ),
+        // Row counts.
+        (
+            r#"{"x": [[1], [2]], "expert_idx": [[0], [1], [0]], "expert_num": 2}"#.to_owned(),
+            "shape",
+            "x has 2 rows but expert_idx has 3",
+        ),
+        (
+            r#"{"x": [], "expert_idx": [], "expert_num": 2}"#.to_owned(),
+            "shape",
+            "x has no rows",
+        ),
         // Attribute values.
         (
             format!(r#"{{{COMMON}, "drop_pad_mode": 2}}"#),
@@ -476,7 +487,7 @@ fn bad_calls_get_error_answers_naming_the_rule_and_the_next_lines_are_answered()
         (
             r#"{"x": [[1], [2]], "expert_idx": [[0]], "expert_num": 1}"#.to_owned(),
             "shape",
-            "expert_idx must be [N, K] = [2, 1]",
+            "x has 2 rows but expert_idx has 1",
         ),
         (
             format!(r#"{{{COMMON}, "scale": [1, 2]}}"#),
@@ -844,7 +855,7 @@ fn safetensors_call_errors_are_answers_and_unusable_inputs_exit_2() {
     ));
     let mut c = base();
     c[1] = ("expert_idx", Dtype::I32, vec![2, 3], i32_bytes(&COMMON_IDS));
-    cases.push((c, attrs, "shape", "expert_idx must be [N, K] = [3, 3]"));
+    cases.push((c, attrs, "shape", "x has 3 rows but expert_idx has 2"));
     // Attribute values are answered, as on a JSON line.
     cases.push((
         base(),
@@ -867,6 +878,8 @@ fn safetensors_call_errors_are_answers_and_unusable_inputs_exit_2() {
         assert!(m.contains(needle), "case {i}: {needle:?} not in {m:?}");
     }
     // Exit 2: not a file, not safetensors, bad --attrs.
+    let bad_attrs_file = dir.join("bad-attrs.json");
+    std::fs::write(&bad_attrs_file, r#"{"expert_num": 4,"#).unwrap();
     let good = dir.join("good.safetensors");
     write_tensors(&good, &base());
     let junk = dir.join("junk.safetensors");
@@ -886,9 +899,14 @@ fn safetensors_call_errors_are_answers_and_unusable_inputs_exit_2() {
             "--attrs: expert_num: invalid type",
         ),
         (
-            good,
+            good.clone(),
             "nonsense",
             "neither a readable file nor a JSON object",
+        ),
+        (
+            good,
+            bad_attrs_file.to_str().unwrap(),
+            "bad-attrs.json: invalid JSON",
         ),
     ] {
         let out = run_tensors(&path, attrs);
