@@ -62,6 +62,9 @@ enum BenchCommand {
     /// Time top_k_top_p_sample against the literal sort-based computation and a max pass;
     /// prints a Markdown table.
     NpuSample(nucleus_cli::bench::npu_sample::BenchNpuSampleArgs),
+    /// Time moe_init_routing and moe_token_unpermute against a straightforward reference and
+    /// memory-copy floors at decode and prefill shapes; prints a Markdown table.
+    Moe(nucleus_cli::bench::moe::BenchMoeArgs),
 }
 
 #[derive(Args, Debug)]
@@ -172,6 +175,9 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::NpuSample(args)) => {
             nucleus_cli::bench::npu_sample::run(&args, &mut std::io::stdout())
                 .map(|()| ExitCode::SUCCESS)
+        }
+        Command::Bench(BenchCommand::Moe(args)) => {
+            nucleus_cli::bench::moe::run(&args, &mut std::io::stdout()).map(|()| ExitCode::SUCCESS)
         }
         Command::Grammar(GrammarCommand::Validate(args)) => {
             Ok(nucleus_cli::grammar::validate_command(&args))
