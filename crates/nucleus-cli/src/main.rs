@@ -322,59 +322,18 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
     })
 }
 
-/// Opens `--input PATH` for reading: `-` is stdin; a directory is refused up front (opening
-/// one succeeds on Unix, and only the first read would fail, without the path).
-fn open_input(path: &std::path::Path) -> std::io::Result<Box<dyn std::io::Read + Send>> {
-    if path.as_os_str() == "-" {
-        return Ok(Box::new(std::io::stdin()));
-    }
-    let file = std::fs::File::open(path)?;
-    if file.metadata()?.is_dir() {
-        return Err(std::io::ErrorKind::IsADirectory.into());
-    }
-    Ok(Box::new(file))
-}
-
 /// Runs `nucleus sample`. Exit status 0 when every row got an answer (a row's error is an
 /// answer); 2 for an unreadable or unusable input file; 1 when writing the answers fails (a
 /// closed pipe, as in `nucleus sample | head`, ends quietly with 0).
 fn sample(args: SampleArgs) -> Result<ExitCode> {
-    use nucleus_cli::sample::{run_jsonl, run_safetensors, Options, RunError};
+    use nucleus_cli::sample::{run_command, run_jsonl, run_safetensors, Options};
     let options = Options { dist: args.dist };
-    let stdout = std::io::stdout();
-    let mut out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
-    let result = match (&args.logits, &args.input) {
-        (Some(logits), _) => run_safetensors(logits, args.params.as_deref(), &mut out, &options),
-        (None, Some(path)) => match open_input(path) {
-            Ok(input) => run_jsonl(input, &mut out, &options),
-            Err(e) => Err(RunError::Input(format!(
-                "cannot open {}: {e}",
-                path.display()
-            ))),
-        },
-        (None, None) => run_jsonl(Box::new(std::io::stdin()), &mut out, &options),
-    };
-    let result = match result {
-        // Answers already written stay valid; make sure they are out before the error.
-        Err(RunError::Input(message)) => out
-            .flush()
-            .map_err(RunError::Output)
-            .and(Err(RunError::Input(message))),
-        other => other,
-    };
-    match result {
-        Ok(()) => Ok(ExitCode::SUCCESS),
-        Err(RunError::Input(message)) => {
-            eprintln!("error: {message}");
-            Ok(ExitCode::from(2))
-        }
-        // A closed pipe ends quietly in main, as for `generate`.
-        Err(RunError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(e.into()),
-        Err(RunError::Output(e)) => {
-            eprintln!("error: writing the output: {e}");
-            Ok(ExitCode::FAILURE)
-        }
-    }
+    Ok(run_command(
+        args.logits.as_deref(),
+        args.input.as_deref(),
+        |logits, out| run_safetensors(logits, args.params.as_deref(), out, &options),
+        |input, out| run_jsonl(input, out, &options),
+    ))
 }
 
 /// Runs `nucleus bench sampling`: the table goes to stdout.

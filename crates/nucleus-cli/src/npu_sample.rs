@@ -47,7 +47,7 @@
 //! input file, a file that is not safetensors, or a bad `--attrs`; 1 when writing fails.
 
 use std::fmt;
-use std::io::{self, Read, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -691,53 +691,15 @@ pub fn run_safetensors(
     Ok(())
 }
 
-/// Opens `--input PATH`: `-` is stdin; a directory is refused up front.
-fn open_input(path: &Path) -> io::Result<Box<dyn Read + Send>> {
-    if path.as_os_str() == "-" {
-        return Ok(Box::new(io::stdin()));
-    }
-    let file = std::fs::File::open(path)?;
-    if file.metadata()?.is_dir() {
-        return Err(io::ErrorKind::IsADirectory.into());
-    }
-    Ok(Box::new(file))
-}
-
 /// Runs `nucleus top-k-top-p-sample` and returns its exit status: 0 when every call got an
 /// answer, 2 for an unusable input, 1 when writing fails (a closed pipe ends quietly with 0).
 pub fn command(args: &NpuSampleArgs) -> ExitCode {
-    let stdout = io::stdout();
-    let mut out = io::BufWriter::with_capacity(1 << 20, stdout.lock());
-    let result = match (&args.tensors, &args.input) {
-        (Some(path), _) => run_safetensors(path, args.attrs.as_deref(), &mut out),
-        (None, Some(path)) => match open_input(path) {
-            Ok(input) => run_jsonl(input, &mut out),
-            Err(e) => Err(RunError::Input(format!(
-                "cannot open {}: {e}",
-                path.display()
-            ))),
-        },
-        (None, None) => run_jsonl(Box::new(io::stdin()), &mut out),
-    };
-    let result = match result {
-        Err(RunError::Input(m)) => out
-            .flush()
-            .map_err(RunError::Output)
-            .and(Err(RunError::Input(m))),
-        other => other,
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(RunError::Input(message)) => {
-            eprintln!("error: {message}");
-            ExitCode::from(2)
-        }
-        Err(RunError::Output(e)) if e.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
-        Err(RunError::Output(e)) => {
-            eprintln!("error: writing the output: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    crate::sample::run_command(
+        args.tensors.as_deref(),
+        args.input.as_deref(),
+        |path, out| run_safetensors(path, args.attrs.as_deref(), out),
+        run_jsonl,
+    )
 }
 
 impl fmt::Display for CallError {

@@ -73,6 +73,7 @@ pub mod tensor;
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::path::Path;
+use std::process::ExitCode;
 use std::sync::mpsc;
 
 use nucleus_sampling::{
@@ -346,6 +347,65 @@ pub fn run_jsonl(
     options: &Options,
 ) -> Result<(), RunError> {
     stream_lines(input, out, BLOCK, |line| answer_line(line, options))
+}
+
+/// Opens `--input PATH` for reading: `-` is stdin; a directory is refused up front (opening
+/// one succeeds on Unix, and only the first read would fail, without the path).
+pub fn open_input(path: &Path) -> io::Result<Box<dyn Read + Send>> {
+    if path.as_os_str() == "-" {
+        return Ok(Box::new(io::stdin()));
+    }
+    let file = std::fs::File::open(path)?;
+    if file.metadata()?.is_dir() {
+        return Err(io::ErrorKind::IsADirectory.into());
+    }
+    Ok(Box::new(file))
+}
+
+/// Runs a JSON-lines command (`sample`, `top-k-top-p-sample`, `moe-init-routing`) on stdout
+/// and returns its exit status: `tensors` runs on a safetensors file when one was given, else
+/// `jsonl` on `--input` (or stdin). 0 when every call got an answer (an error answer
+/// included); 2 for an unreadable or unusable input, after the answers already written are
+/// flushed; 1 when writing fails (a closed pipe, as in `| head`, ends quietly with 0).
+pub fn run_command(
+    tensors_path: Option<&Path>,
+    input: Option<&Path>,
+    tensors: impl FnOnce(&Path, &mut dyn Write) -> Result<(), RunError>,
+    jsonl: impl FnOnce(Box<dyn Read + Send>, &mut dyn Write) -> Result<(), RunError>,
+) -> ExitCode {
+    let stdout = io::stdout();
+    let mut out = io::BufWriter::with_capacity(1 << 20, stdout.lock());
+    let result = match (tensors_path, input) {
+        (Some(path), _) => tensors(path, &mut out),
+        (None, Some(path)) => match open_input(path) {
+            Ok(input) => jsonl(input, &mut out),
+            Err(e) => Err(RunError::Input(format!(
+                "cannot open {}: {e}",
+                path.display()
+            ))),
+        },
+        (None, None) => jsonl(Box::new(io::stdin()), &mut out),
+    };
+    let result = match result {
+        // Answers already written stay valid; make sure they are out before the error.
+        Err(RunError::Input(m)) => out
+            .flush()
+            .map_err(RunError::Output)
+            .and(Err(RunError::Input(m))),
+        other => other,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(RunError::Input(message)) => {
+            eprintln!("error: {message}");
+            ExitCode::from(2)
+        }
+        Err(RunError::Output(e)) if e.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(RunError::Output(e)) => {
+            eprintln!("error: writing the output: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// The JSON-lines loop shared by `nucleus sample` and `nucleus top-k-top-p-sample`: reads the
