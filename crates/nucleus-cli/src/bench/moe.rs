@@ -23,7 +23,9 @@
 //!   permutation); int8, the same with an int8 copy of `x` (`N*K*H` bytes written); unpermute,
 //!   one sequential read of `expert_out` (`N*K*H` elements, XOR-folding each token's K rows)
 //!   and one write of the preallocated `out` (`N*H` elements). Floors split their work over
-//!   the rayon pool's threads once it passes 256 KiB (the operator's own threshold).
+//!   the rayon pool's threads once it passes 256 KiB (the operator's own threshold); with more
+//!   than one thread each floor is also timed on one thread and the faster counts (two threads
+//!   lost to one at 256 KiB on the 2-core machine).
 //!
 //! Before timing, the reference and nucleus must agree exactly (every output). Every method
 //! runs in the same rayon pool (nucleus-moe's own parallelism; the reference uses one thread).
@@ -137,6 +139,8 @@ pub enum Job {
     /// `expanded_x`'s bytes written once: each row of `x` copied to K consecutive rows of a
     /// preallocated `[N*K, H]` buffer.
     InitFloor,
+    /// [`Job::InitFloor`] on the calling thread alone.
+    InitFloorOneThread,
     /// `moe_init_routing_into` on reused buffers.
     InitNucleus,
     /// `moe_init_routing` (a new output per call).
@@ -145,12 +149,16 @@ pub enum Job {
     InitReference,
     /// As [`Job::InitFloor`] from an int8 copy of `x`: `N*K*H` bytes written.
     Int8Floor,
+    /// [`Job::Int8Floor`] on the calling thread alone.
+    Int8FloorOneThread,
     /// `moe_init_routing_into` with dynamic int8, on reused buffers.
     Int8Nucleus,
     /// [`reference::init_routing_dynamic_int8`] on reused buffers.
     Int8Reference,
     /// One read of `expert_out` (XOR of each token's K rows), one write of `out`.
     UnpermuteFloor,
+    /// [`Job::UnpermuteFloor`] on the calling thread alone.
+    UnpermuteFloorOneThread,
     /// `moe_token_unpermute`.
     UnpermuteNucleus,
     /// [`reference::unpermute`].
@@ -159,30 +167,60 @@ pub enum Job {
 
 impl Job {
     /// Every job, in the order of the interleaved rounds.
-    pub const ALL: [Job; 10] = [
+    pub const ALL: [Job; 13] = [
         Job::InitFloor,
+        Job::InitFloorOneThread,
         Job::InitNucleus,
         Job::InitNucleusAlloc,
         Job::InitReference,
         Job::Int8Floor,
+        Job::Int8FloorOneThread,
         Job::Int8Nucleus,
         Job::Int8Reference,
         Job::UnpermuteFloor,
+        Job::UnpermuteFloorOneThread,
         Job::UnpermuteNucleus,
         Job::UnpermuteReference,
     ];
+
+    /// The jobs worth timing in a pool of `threads` threads: on one thread the one-thread
+    /// floors are the floors themselves and are left out.
+    pub fn measured(threads: usize) -> Vec<Job> {
+        let one_thread_floors = [
+            Job::InitFloorOneThread,
+            Job::Int8FloorOneThread,
+            Job::UnpermuteFloorOneThread,
+        ];
+        Job::ALL
+            .into_iter()
+            .filter(|j| threads > 1 || !one_thread_floors.contains(j))
+            .collect()
+    }
+
+    /// A floor's one-thread version.
+    fn one_thread_floor(self) -> Option<Job> {
+        match self {
+            Job::InitFloor => Some(Job::InitFloorOneThread),
+            Job::Int8Floor => Some(Job::Int8FloorOneThread),
+            Job::UnpermuteFloor => Some(Job::UnpermuteFloorOneThread),
+            _ => None,
+        }
+    }
 
     /// A short name (criterion's function names).
     pub fn name(self) -> &'static str {
         match self {
             Job::InitFloor => "init floor (copy)",
+            Job::InitFloorOneThread => "init floor (copy, one thread)",
             Job::InitNucleus => "init nucleus (into)",
             Job::InitNucleusAlloc => "init nucleus (allocating)",
             Job::InitReference => "init reference",
             Job::Int8Floor => "int8 floor (copy)",
+            Job::Int8FloorOneThread => "int8 floor (copy, one thread)",
             Job::Int8Nucleus => "int8 nucleus (into)",
             Job::Int8Reference => "int8 reference",
             Job::UnpermuteFloor => "unpermute floor (read)",
+            Job::UnpermuteFloorOneThread => "unpermute floor (read, one thread)",
             Job::UnpermuteNucleus => "unpermute nucleus",
             Job::UnpermuteReference => "unpermute reference",
         }
@@ -446,9 +484,14 @@ impl<T: BenchElement> MoeBench<T> {
         let mut guard = self.buffers();
         let b = &mut *guard;
         match job {
-            Job::InitFloor => fan_out(&mut b.dst, &self.x, h, k),
-            Job::Int8Floor => fan_out(&mut b.dst_i8, &self.x_i8, h, k),
-            Job::UnpermuteFloor => xor_floor(&self.expert_out, h, k, &mut b.floor_out),
+            Job::InitFloor => fan_out(&mut b.dst, &self.x, h, k, true),
+            Job::InitFloorOneThread => fan_out(&mut b.dst, &self.x, h, k, false),
+            Job::Int8Floor => fan_out(&mut b.dst_i8, &self.x_i8, h, k, true),
+            Job::Int8FloorOneThread => fan_out(&mut b.dst_i8, &self.x_i8, h, k, false),
+            Job::UnpermuteFloor => xor_floor(&self.expert_out, h, k, &mut b.floor_out, true),
+            Job::UnpermuteFloorOneThread => {
+                xor_floor(&self.expert_out, h, k, &mut b.floor_out, false)
+            }
             Job::InitNucleus => {
                 b.nucleus.expanded_x = ExpandedX::Unquantized(std::mem::take(&mut b.dst));
                 let r = moe_init_routing_into(
@@ -537,9 +580,9 @@ fn attrs(experts: usize, quant: QuantMode) -> MoeInitRoutingAttrs {
 }
 
 /// The init floors: rows `i*K..(i+1)*K` of `dst` = row `i` of `src` (`[N, H]`), one
-/// `copy_from_slice` per row; from [`PARALLEL_MIN_BYTES`] of `dst` on, tokens in parallel in
-/// tasks of at least [`TASK_BYTES`] of `dst`.
-fn fan_out<U: Copy + Send + Sync>(dst: &mut [U], src: &[U], h: usize, k: usize) {
+/// `copy_from_slice` per row; with `parallel`, from [`PARALLEL_MIN_BYTES`] of `dst` on, tokens
+/// in parallel in tasks of at least [`TASK_BYTES`] of `dst`.
+fn fan_out<U: Copy + Send + Sync>(dst: &mut [U], src: &[U], h: usize, k: usize, parallel: bool) {
     let token = |(s, d): (&[U], &mut [U])| {
         for row in d.chunks_exact_mut(h) {
             row.copy_from_slice(s);
@@ -548,7 +591,7 @@ fn fan_out<U: Copy + Send + Sync>(dst: &mut [U], src: &[U], h: usize, k: usize) 
     let threads = rayon::current_num_threads();
     let n = src.len() / h;
     debug_assert_eq!(dst.len(), n * k * h);
-    if threads == 1 || std::mem::size_of_val(dst) < PARALLEL_MIN_BYTES || n == 1 {
+    if !parallel || threads == 1 || std::mem::size_of_val(dst) < PARALLEL_MIN_BYTES || n == 1 {
         src.chunks_exact(h)
             .zip(dst.chunks_exact_mut(k * h))
             .for_each(token);
@@ -565,9 +608,10 @@ fn fan_out<U: Copy + Send + Sync>(dst: &mut [U], src: &[U], h: usize, k: usize) 
 }
 
 /// The unpermute floor: `out` row `i` = the XOR of rows `i*K..(i+1)*K` of `expert_out` (one
-/// sequential read of `expert_out`, one write of `out`); from [`PARALLEL_MIN_BYTES`] of
-/// `expert_out` on, tokens in parallel in tasks of at least [`TASK_BYTES`] of `expert_out`.
-fn xor_floor<T: BenchElement>(expert_out: &[T], h: usize, k: usize, out: &mut [T]) {
+/// sequential read of `expert_out`, one write of `out`); with `parallel`, from
+/// [`PARALLEL_MIN_BYTES`] of `expert_out` on, tokens in parallel in tasks of at least
+/// [`TASK_BYTES`] of `expert_out`.
+fn xor_floor<T: BenchElement>(expert_out: &[T], h: usize, k: usize, out: &mut [T], parallel: bool) {
     let token = |(rows, o): (&[T], &mut [T])| {
         o.copy_from_slice(&rows[..h]);
         for row in rows[h..].chunks_exact(h) {
@@ -578,7 +622,8 @@ fn xor_floor<T: BenchElement>(expert_out: &[T], h: usize, k: usize, out: &mut [T
     };
     let threads = rayon::current_num_threads();
     let n = out.len() / h;
-    if threads == 1 || std::mem::size_of_val(expert_out) < PARALLEL_MIN_BYTES || n == 1 {
+    if !parallel || threads == 1 || std::mem::size_of_val(expert_out) < PARALLEL_MIN_BYTES || n == 1
+    {
         expert_out
             .chunks_exact(k * h)
             .zip(out.chunks_exact_mut(h))
@@ -599,8 +644,8 @@ fn xor_floor<T: BenchElement>(expert_out: &[T], h: usize, k: usize, out: &mut [T
 /// [`interleaved_medians`] calls a job once untimed before each timed call shorter than this.
 const UNTIMED_CALL_BELOW: Duration = Duration::from_millis(2);
 
-/// Times every job of `bench`, interleaved round by round ([`interleaved_medians`]); returns
-/// per job (in [`Job::ALL`] order) the median µs per call.
+/// Times `jobs` on `bench`, interleaved round by round ([`interleaved_medians`]); returns per
+/// job the median µs per call.
 ///
 /// One untimed call was not enough to settle the caches after another job at the shapes whose
 /// buffers are about the size of L2 (N = 64, H = 2,048: 2 MB per `expanded_x`): whichever job
@@ -612,11 +657,15 @@ const UNTIMED_CALL_BELOW: Duration = Duration::from_millis(2);
 ///
 /// # Errors
 /// The first job that fails.
-pub fn median_us<T: BenchElement>(bench: &MoeBench<T>, iters: Option<usize>) -> Result<Vec<f64>> {
+pub fn median_us<T: BenchElement>(
+    bench: &MoeBench<T>,
+    jobs: &[Job],
+    iters: Option<usize>,
+) -> Result<Vec<f64>> {
     let previous = Cell::new(None);
-    let last = RefCell::new(vec![Duration::MAX; Job::ALL.len()]);
-    interleaved_medians(&Job::ALL, 1, iters, |job| {
-        let i = Job::ALL.iter().position(|&j| j == job).expect("a job");
+    let last = RefCell::new(vec![Duration::MAX; jobs.len()]);
+    interleaved_medians(jobs, 1, iters, |job| {
+        let i = jobs.iter().position(|&j| j == job).expect("a job");
         if previous.replace(Some(job)) != Some(job) && last.borrow()[i] < UNTIMED_CALL_BELOW {
             bench.run_job(job)?;
         }
@@ -666,7 +715,12 @@ fn write_table<T: BenchElement>(args: &BenchMoeArgs, out: &mut (dyn Write + Send
     )?;
     writeln!(
         out,
-        "floors: init = expanded_x's N*K*H {dtype} written once (memcpy of each x row to K consecutive rows of a preallocated buffer); int8 = the same from an int8 x (N*K*H bytes); unpermute = one read of expert_out (N*K*H {dtype}) + one write of out (N*H)"
+        "floors: init = expanded_x's N*K*H {dtype} written once (memcpy of each x row to K consecutive rows of a preallocated buffer); int8 = the same from an int8 x (N*K*H bytes); unpermute = one read of expert_out (N*K*H {dtype}) + one write of out (N*H){}",
+        if args.threads > 1 {
+            "; each the faster of its run on the pool and on one thread"
+        } else {
+            ""
+        }
     )?;
     writeln!(
         out,
@@ -689,11 +743,16 @@ fn write_table<T: BenchElement>(args: &BenchMoeArgs, out: &mut (dyn Write + Send
             };
             let bench =
                 MoeBench::<T>::new(shape, DEFAULT_SEED).with_context(|| format!("N {n}, H {h}"))?;
-            let us = median_us(&bench, args.iters)?;
+            let jobs = Job::measured(args.threads);
+            let us = median_us(&bench, &jobs, args.iters)?;
             drop(bench);
-            let at = |job: Job| us[Job::ALL.iter().position(|&j| j == job).expect("a job")];
+            let find = |job: Job| jobs.iter().position(|&j| j == job).map(|i| us[i]);
+            let at = |job: Job| find(job).expect("a measured job");
             for row in ROWS {
-                let (floor, nucleus) = (at(row.floor), at(row.nucleus));
+                // The faster of the floor on the pool and on one thread.
+                let one_thread = row.floor.one_thread_floor().and_then(find);
+                let floor = one_thread.map_or(at(row.floor), |t| t.min(at(row.floor)));
+                let nucleus = at(row.nucleus);
                 let (reference, ratio) = match row.reference {
                     Some(j) => (fmt_us(at(j)), fmt_ratio(at(j) / nucleus)),
                     None => (String::new(), String::new()),
@@ -754,11 +813,15 @@ mod tests {
                 for job in Job::ALL {
                     bench.run_job(job).unwrap();
                 }
+                assert_eq!(
+                    Job::measured(threads).len(),
+                    if threads == 1 { 10 } else { 13 }
+                );
                 // The shared destinations hold the last init jobs' expanded_x.
                 let b = bench.buffers();
                 assert_eq!(b.dst, bench.expert_out);
                 let mut floor = vec![0i8; b.dst_i8.len()];
-                fan_out(&mut floor, &bench.x_i8, 512, 8);
+                fan_out(&mut floor, &bench.x_i8, 512, 8, false);
                 assert_eq!(floor.len(), 64 * 8 * 512);
                 drop(b);
                 bench.run_job(Job::Int8Floor).unwrap();
@@ -771,7 +834,7 @@ mod tests {
     fn the_xor_floor_folds_each_tokens_rows() {
         let rows = [1f32, 2., 3., 4., 5., 6., 7., 8.];
         let mut out = [0f32; 4];
-        xor_floor(&rows, 2, 2, &mut out);
+        xor_floor(&rows, 2, 2, &mut out, true);
         let x = |a: f32, b: f32| a.to_bits() ^ b.to_bits();
         assert_eq!(
             out.map(f32::to_bits),
