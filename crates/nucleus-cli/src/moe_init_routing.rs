@@ -72,9 +72,8 @@ use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::ser::SerializeSeq;
 use serde::{Deserialize, Serialize, Serializer};
 
-use crate::sample::input::{Lenient, Object};
+use crate::sample::input::Lenient;
 use crate::sample::output::non_finite_name;
-use crate::sample::{from_json, JsonError};
 
 /// The flags of `nucleus moe-init-routing`.
 #[derive(Args, Debug, Clone, Default)]
@@ -104,38 +103,11 @@ pub struct MoeInitRoutingArgs {
 /// Lines answered together in one parallel block.
 pub const BLOCK: usize = 64;
 
-/// Why a call got no answer: `kind` is a stable snake_case name.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct CallError {
-    /// `invalid_json`, `invalid_call`, `dtype`, or [`MoeError::kind`]: `shape`, `attribute`,
-    /// `combination`, `non_finite`, `index`.
-    pub kind: &'static str,
-    /// What was wrong, in words (the violated rule).
-    pub message: String,
-}
-
-impl CallError {
-    fn new(kind: &'static str, message: impl Into<String>) -> Self {
-        Self {
-            kind,
-            message: message.into(),
-        }
-    }
-
-    fn invalid_call(message: impl Into<String>) -> Self {
-        Self::new("invalid_call", message)
-    }
-}
+pub use crate::calls::CallError;
 
 impl From<MoeError> for CallError {
     fn from(e: MoeError) -> Self {
         Self::new(e.kind(), e.to_string())
-    }
-}
-
-impl std::fmt::Display for CallError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.kind, self.message)
     }
 }
 
@@ -511,36 +483,15 @@ impl Answer {
     }
 }
 
-#[derive(Serialize)]
-struct ErrorLine<'a> {
-    error: &'a CallError,
-}
-
 /// One output line (without its newline).
 pub fn line(result: &Result<Answer, CallError>) -> Vec<u8> {
-    let bytes = match result {
-        Ok(answer) => serde_json::to_vec(answer),
-        Err(error) => serde_json::to_vec(&ErrorLine { error }),
-    };
-    bytes.unwrap_or_else(|e| {
-        let error = CallError::new("internal", format!("could not write the answer: {e}"));
-        serde_json::to_vec(&ErrorLine { error: &error }).unwrap_or_default()
-    })
+    crate::calls::line(result)
 }
 
 /// Parses one JSON line into a call: `invalid_json` when it is not JSON, `invalid_call` when it
 /// is JSON of the wrong shape (the message starts with the JSON path of the bad value).
 pub fn parse_call(text: &[u8]) -> Result<CallInput, CallError> {
-    std::str::from_utf8(text)
-        .map_err(|e| CallError::new("invalid_json", format!("not valid JSON: not UTF-8 ({e})")))?;
-    match from_json::<Object<CallInput>>(text) {
-        Ok(Object(call)) => Ok(call),
-        Err(JsonError::Shape(message)) => Err(CallError::invalid_call(message)),
-        Err(JsonError::Syntax(e)) => Err(CallError::new(
-            "invalid_json",
-            format!("not valid JSON: {e}"),
-        )),
-    }
+    crate::calls::parse_call(text)
 }
 
 /// `[N, W]` rows as one row-major vector and W (0 without rows); ragged rows are a `shape`
@@ -777,26 +728,7 @@ pub fn run_jsonl(input: Box<dyn Read + Send>, out: &mut dyn Write) -> Result<(),
 /// A message naming the bad field (`active_num: invalid type: ...`, `missing field
 /// `expert_num``) or saying the text is not JSON.
 pub fn read_attrs(text: &str) -> Result<AttrsInput, String> {
-    let path = Path::new(text);
-    let from_file = !text.trim_start().starts_with('{') && path.is_file();
-    let bytes = if from_file {
-        std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?
-    } else {
-        text.as_bytes().to_vec()
-    };
-    let source = if from_file {
-        format!("--attrs file {}", path.display())
-    } else {
-        "--attrs".to_owned()
-    };
-    match from_json::<Object<AttrsInput>>(&bytes) {
-        Ok(Object(a)) => Ok(a),
-        Err(JsonError::Shape(m)) => Err(format!("{source}: {m}")),
-        Err(JsonError::Syntax(e)) if from_file => Err(format!("{source}: invalid JSON: {e}")),
-        Err(JsonError::Syntax(e)) => Err(format!(
-            "--attrs is neither a readable file nor a JSON object: {e}"
-        )),
-    }
+    crate::calls::read_attrs(text)
 }
 
 const TENSOR_NAMES: [&str; 4] = ["x", "expert_idx", "scale", "offset"];

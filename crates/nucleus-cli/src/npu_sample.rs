@@ -46,7 +46,6 @@
 //! 0 when every call got an answer (an error answer included); 2 for bad flags, an unreadable
 //! input file, a file that is not safetensors, or a bad `--attrs`; 1 when writing fails.
 
-use std::fmt;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -61,8 +60,7 @@ use nucleus_sampling::{InputKind, LogitValue, LogitsView};
 use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize, Serializer};
 
-use crate::sample::input::{Lenient, Object, Row};
-use crate::sample::{from_json, JsonError};
+use crate::sample::input::{Lenient, Row};
 
 /// The flags of `nucleus top-k-top-p-sample`.
 #[derive(Args, Debug, Clone, Default)]
@@ -91,28 +89,7 @@ pub struct NpuSampleArgs {
 /// Lines answered together in one parallel block.
 pub const BLOCK: usize = 64;
 
-/// Why a whole call got no answer: `kind` is a stable snake_case name.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct CallError {
-    /// `invalid_json`, `invalid_call`, `shape_mismatch`, `dtype_mismatch` or
-    /// `invalid_attribute`.
-    pub kind: &'static str,
-    /// What was wrong, in words.
-    pub message: String,
-}
-
-impl CallError {
-    fn new(kind: &'static str, message: impl Into<String>) -> Self {
-        Self {
-            kind,
-            message: message.into(),
-        }
-    }
-
-    fn invalid_call(message: impl Into<String>) -> Self {
-        Self::new("invalid_call", message)
-    }
-}
+pub use crate::calls::CallError;
 
 impl From<TopKTopPError> for CallError {
     fn from(e: TopKTopPError) -> Self {
@@ -272,36 +249,15 @@ impl Answer {
     }
 }
 
-#[derive(Serialize)]
-struct ErrorLine<'a> {
-    error: &'a CallError,
-}
-
 /// One output line (without its newline).
 pub fn line(result: &Result<Answer, CallError>) -> Vec<u8> {
-    let bytes = match result {
-        Ok(answer) => serde_json::to_vec(answer),
-        Err(error) => serde_json::to_vec(&ErrorLine { error }),
-    };
-    bytes.unwrap_or_else(|e| {
-        let error = CallError::new("internal", format!("could not write the answer: {e}"));
-        serde_json::to_vec(&ErrorLine { error: &error }).unwrap_or_default()
-    })
+    crate::calls::line(result)
 }
 
 /// Parses one JSON line into a call: `invalid_json` when it is not JSON, `invalid_call` when it
 /// is JSON of the wrong shape (the message starts with the JSON path of the bad value).
 pub fn parse_call(text: &[u8]) -> Result<CallInput, CallError> {
-    std::str::from_utf8(text)
-        .map_err(|e| CallError::new("invalid_json", format!("not valid JSON: not UTF-8 ({e})")))?;
-    match from_json::<Object<CallInput>>(text) {
-        Ok(Object(call)) => Ok(call),
-        Err(JsonError::Shape(message)) => Err(CallError::invalid_call(message)),
-        Err(JsonError::Syntax(e)) => Err(CallError::new(
-            "invalid_json",
-            format!("not valid JSON: {e}"),
-        )),
-    }
+    crate::calls::parse_call(text)
 }
 
 /// `[B, V]` rows as one row-major vector, every value within the f32 range.
@@ -439,19 +395,7 @@ pub fn run_jsonl(input: Box<dyn Read + Send>, out: &mut dyn Write) -> Result<(),
 /// # Errors
 /// A message naming the bad field (`ks_max: invalid type: ...`) or saying the text is not JSON.
 pub fn read_attrs(text: &str) -> Result<AttrsInput, String> {
-    let path = Path::new(text);
-    let bytes = if !text.trim_start().starts_with('{') && path.is_file() {
-        std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?
-    } else {
-        text.as_bytes().to_vec()
-    };
-    match from_json::<Object<AttrsInput>>(&bytes) {
-        Ok(Object(a)) => Ok(a),
-        Err(JsonError::Shape(m)) => Err(format!("--attrs: {m}")),
-        Err(JsonError::Syntax(e)) => Err(format!(
-            "--attrs is neither a readable file nor a JSON object: {e}"
-        )),
-    }
+    crate::calls::read_attrs(text)
 }
 
 /// A float tensor's values in its own element type.
@@ -700,10 +644,4 @@ pub fn command(args: &NpuSampleArgs) -> ExitCode {
         |path, out| run_safetensors(path, args.attrs.as_deref(), out),
         run_jsonl,
     )
-}
-
-impl fmt::Display for CallError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.kind, self.message)
-    }
 }
