@@ -837,6 +837,18 @@ const STATIC_RULE: &str =
 const DYNAMIC_RULE: &str =
     "dynamic quantisation needs every x * smooth scale to be finite (x non-finite, or the product overflowing f32, has no scale)";
 
+/// `round_half_even(clamp(y, -128, 127)) as i8` for a `y` that is not NaN. Adding 1.5 * 2^23
+/// rounds to an integer in the FPU's mode (to nearest, ties to even; the constant is even, so
+/// ties land on even results) for |y| <= 2^22, and the integer is then the low bits of the sum.
+/// Unlike `round_ties_even` (a libm call per element without SSE4.1) this vectorises on every
+/// x86-64 and gives the same value.
+#[inline(always)]
+fn to_i8(y: f32) -> i8 {
+    const MAGIC: f32 = 12_582_912.0;
+    let c = y.clamp(-128.0, 127.0);
+    ((c + MAGIC).to_bits() as i32 - MAGIC.to_bits() as i32) as i8
+}
+
 /// Static int8 of one row; `false` if some `x * scale + offset` is NaN.
 #[inline]
 fn quantise_static_row<T: Element>(x: &[T], scale: f32, offset: f32, q: &mut [i8]) -> bool {
@@ -844,10 +856,14 @@ fn quantise_static_row<T: Element>(x: &[T], scale: f32, offset: f32, q: &mut [i8
     for (&v, q) in x.iter().zip(q.iter_mut()) {
         let y = v.to_f32() * scale + offset;
         nan |= y.is_nan();
-        *q = y.round_ties_even().clamp(-128.0, 127.0) as i8;
+        *q = to_i8(y);
     }
     !nan
 }
+
+/// Largest `|f32 bits|` of a row, as bits: a non-negative finite float orders like its bits,
+/// and inf / NaN bits exceed every finite one (an integer max vectorises; `f32::max` does not).
+const MAX_FINITE_BITS: u32 = 0x7f7f_ffff;
 
 /// Dynamic int8 of one row: `v = x * smooth`, `s = max|v| / 127`, `q = round_half_even(v / s)`
 /// (q = 0 and s = 0 for an all-zero row, and for a row whose `max|v| / 127` underflows to 0 in
@@ -856,28 +872,23 @@ fn quantise_static_row<T: Element>(x: &[T], scale: f32, offset: f32, q: &mut [i8
 /// finite.
 #[inline]
 fn quantise_dynamic_row<T: Element>(x: &[T], smooth: Option<&[f32]>, q: &mut [i8]) -> Option<f32> {
-    let mut max = 0f32;
-    let mut bad = false;
+    let mut max_bits = 0u32;
     match smooth {
         Some(sm) => {
             for (&v, &m) in x.iter().zip(sm) {
-                let a = (v.to_f32() * m).abs();
-                bad |= !a.is_finite();
-                max = max.max(a);
+                max_bits = max_bits.max((v.to_f32() * m).to_bits() & 0x7fff_ffff);
             }
         }
         None => {
             for &v in x {
-                let a = v.to_f32().abs();
-                bad |= !a.is_finite();
-                max = max.max(a);
+                max_bits = max_bits.max(v.to_f32().to_bits() & 0x7fff_ffff);
             }
         }
     }
-    if bad {
+    if max_bits > MAX_FINITE_BITS {
         return None;
     }
-    let s = max / 127.0;
+    let s = f32::from_bits(max_bits) / 127.0;
     if s == 0.0 {
         q.fill(0);
         return Some(s);
@@ -885,14 +896,12 @@ fn quantise_dynamic_row<T: Element>(x: &[T], smooth: Option<&[f32]>, q: &mut [i8
     match smooth {
         Some(sm) => {
             for ((&v, &m), q) in x.iter().zip(sm).zip(q.iter_mut()) {
-                *q = ((v.to_f32() * m) / s)
-                    .round_ties_even()
-                    .clamp(-128.0, 127.0) as i8;
+                *q = to_i8((v.to_f32() * m) / s);
             }
         }
         None => {
             for (&v, q) in x.iter().zip(q.iter_mut()) {
-                *q = (v.to_f32() / s).round_ties_even().clamp(-128.0, 127.0) as i8;
+                *q = to_i8(v.to_f32() / s);
             }
         }
     }

@@ -114,9 +114,11 @@ impl FloatElement for f16 {
 }
 impl Element for bf16 {
     const DTYPE: DType = DType::Bf16;
+    /// The exact widening, as a shift (half's conversion adds a NaN branch that stops
+    /// vectorisation; a NaN keeps its payload here).
     #[inline(always)]
     fn to_f32(self) -> f32 {
-        bf16::to_f32(self)
+        f32::from_bits((self.to_bits() as u32) << 16)
     }
 }
 impl FloatElement for bf16 {
@@ -134,5 +136,5 @@ impl Element for i8 {
 }
 
 /// Work below this many bytes is done on the calling thread: a rayon dispatch costs a few µs,
-/// about the time to copy this much.
-pub(crate) const PARALLEL_MIN_BYTES: usize = 256 * 1024;
+/// and at 256 KiB two threads were no faster than one (BENCHMARKS.md, MoE routing).
+pub(crate) const PARALLEL_MIN_BYTES: usize = 1024 * 1024;

@@ -80,8 +80,8 @@ pub fn moe_token_unpermute<T: FloatElement>(
 /// Those of [`moe_token_unpermute`], and: `skip1` / `skip2` not `[N, H]`; `bias` not `[E, H]`
 /// with E >= 1; `bias` without `expert_idx`; `expert_idx` not `[N, K]`; a placed route whose
 /// expert id is outside `[0, E)`.
-pub fn moe_finalize_routing<T: FloatElement>(
-    input: &FinalizeRoutingInput<'_, T>,
+pub fn moe_finalize_routing<'a, T: FloatElement>(
+    input: &FinalizeRoutingInput<'a, T>,
 ) -> Result<Vec<T>, MoeError> {
     let (h, k) = (input.hidden_size, input.k);
     if h == 0 {
@@ -208,49 +208,138 @@ pub fn moe_finalize_routing<T: FloatElement>(
     })?;
     MoeError::reserve(&mut out, len, "out", shape)?;
     out.resize(len, T::default());
-    let token = |i: usize, dst: &mut [T], acc: &mut Vec<f32>| {
-        acc.clear();
-        acc.resize(h, 0.0);
-        for s in [input.skip1, input.skip2].into_iter().flatten() {
-            for (a, &v) in acc.iter_mut().zip(&s[i * h..][..h]) {
-                *a += v.to_f32();
-            }
-        }
+    // Per token: its skips and its placed routes (weight, expert_out row, bias row).
+    let token = |i: usize, dst: &mut [T], routes: &mut Vec<Route<'a, T>>| {
+        routes.clear();
         for j in i * k..(i + 1) * k {
-            if !placed(j) {
-                continue;
-            }
-            let w = input.weights.map_or(1.0, |w| w[j]);
-            let row = &input.expert_out[idx[j] as usize * h..][..h];
-            match input.bias {
-                Some(b) => {
+            if placed(j) {
+                let bias = input.bias.map(|b| {
                     let e = input.expert_idx.expect("checked")[j] as usize;
-                    let bias = &b[e * h..][..h];
-                    for ((a, &v), &c) in acc.iter_mut().zip(row).zip(bias) {
-                        *a += w * (v.to_f32() + c.to_f32());
-                    }
-                }
-                None => {
-                    for (a, &v) in acc.iter_mut().zip(row) {
-                        *a += w * v.to_f32();
-                    }
-                }
+                    &b[e * h..][..h]
+                });
+                routes.push(Route {
+                    w: input.weights.map_or(1.0, |w| w[j]),
+                    row: &input.expert_out[idx[j] as usize * h..][..h],
+                    bias,
+                });
             }
         }
-        for (d, &a) in dst.iter_mut().zip(acc.iter()) {
-            *d = T::from_f32(a);
-        }
+        let skip1 = input.skip1.map(|s| &s[i * h..][..h]);
+        let skip2 = input.skip2.map(|s| &s[i * h..][..h]);
+        combine_token(dst, skip1, skip2, routes);
     };
     let bytes = (n * k * h) * std::mem::size_of::<T>();
     if bytes >= PARALLEL_MIN_BYTES && n > 1 {
         out.par_chunks_mut(h)
             .enumerate()
-            .for_each_init(Vec::new, |acc, (i, dst)| token(i, dst, acc));
+            .for_each_init(Vec::new, |routes, (i, dst)| token(i, dst, routes));
     } else {
-        let mut acc = Vec::new();
+        let mut routes = Vec::new();
         for (i, dst) in out.chunks_mut(h).enumerate() {
-            token(i, dst, &mut acc);
+            token(i, dst, &mut routes);
         }
     }
     Ok(out)
+}
+
+/// One placed route of a token: its weight, its `expert_out` row and its expert's bias row.
+struct Route<'a, T> {
+    w: f32,
+    row: &'a [T],
+    bias: Option<&'a [T]>,
+}
+
+/// Columns summed in registers at a time.
+const COLUMNS: usize = 64;
+
+/// `dst = skip1 + skip2 + sum_r w_r * (row_r + bias_r)`, each column accumulated in f32 in
+/// exactly that order (from 0), then rounded once to `T`. Columns go in blocks of [`COLUMNS`]
+/// whose sums stay in registers while the routes' rows stream past. No FMA: the result is the
+/// same bit for bit on every instruction set.
+#[inline(always)]
+fn combine_generic<T: FloatElement>(
+    dst: &mut [T],
+    skip1: Option<&[T]>,
+    skip2: Option<&[T]>,
+    routes: &[Route<'_, T>],
+) {
+    let h = dst.len();
+    let mut c0 = 0;
+    while c0 < h {
+        let n = COLUMNS.min(h - c0);
+        let cols = c0..c0 + n;
+        let mut acc = [0f32; COLUMNS];
+        let acc = &mut acc[..n];
+        for s in [skip1, skip2].into_iter().flatten() {
+            for (a, &v) in acc.iter_mut().zip(&s[cols.clone()]) {
+                *a += v.to_f32();
+            }
+        }
+        for r in routes {
+            let w = r.w;
+            match r.bias {
+                Some(b) => {
+                    for ((a, &v), &c) in acc
+                        .iter_mut()
+                        .zip(&r.row[cols.clone()])
+                        .zip(&b[cols.clone()])
+                    {
+                        *a += w * (v.to_f32() + c.to_f32());
+                    }
+                }
+                None => {
+                    for (a, &v) in acc.iter_mut().zip(&r.row[cols.clone()]) {
+                        *a += w * v.to_f32();
+                    }
+                }
+            }
+        }
+        for (d, &a) in dst[cols].iter_mut().zip(acc.iter()) {
+            *d = T::from_f32(a);
+        }
+        c0 += n;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn combine_avx512<T: FloatElement>(
+    dst: &mut [T],
+    skip1: Option<&[T]>,
+    skip2: Option<&[T]>,
+    routes: &[Route<'_, T>],
+) {
+    combine_generic(dst, skip1, skip2, routes)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn combine_avx2<T: FloatElement>(
+    dst: &mut [T],
+    skip1: Option<&[T]>,
+    skip2: Option<&[T]>,
+    routes: &[Route<'_, T>],
+) {
+    combine_generic(dst, skip1, skip2, routes)
+}
+
+/// [`combine_generic`] compiled for the widest vectors the CPU has (same results on each).
+fn combine_token<T: FloatElement>(
+    dst: &mut [T],
+    skip1: Option<&[T]>,
+    skip2: Option<&[T]>,
+    routes: &[Route<'_, T>],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked just above).
+            return unsafe { combine_avx512(dst, skip1, skip2, routes) };
+        }
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { combine_avx2(dst, skip1, skip2, routes) };
+        }
+    }
+    combine_generic(dst, skip1, skip2, routes)
 }
