@@ -23,7 +23,7 @@
 //!   permutation); int8, the same with an int8 copy of `x` (`N*K*H` bytes written); unpermute,
 //!   one sequential read of `expert_out` (`N*K*H` elements, XOR-folding each token's K rows)
 //!   and one write of the preallocated `out` (`N*H` elements). Floors split their work over
-//!   the rayon pool's threads once it passes 256 KiB (the operator's own threshold); with more
+//!   the rayon pool's threads once it passes 1 MiB (the operator's own threshold); with more
 //!   than one thread each floor is also timed on one thread and the faster counts (two threads
 //!   lost to one at 256 KiB on the 2-core machine).
 //!
@@ -298,7 +298,7 @@ pub struct MoeBench<T> {
 
 /// At or above this many bytes the floors split their work over the pool (nucleus-moe's
 /// `PARALLEL_MIN_BYTES`).
-const PARALLEL_MIN_BYTES: usize = 256 * 1024;
+const PARALLEL_MIN_BYTES: usize = 1024 * 1024;
 
 /// The floors' parallel tasks hold whole tokens of at least this many bytes (as nucleus-moe's
 /// row copies do). Splitting into one part per thread instead made the 2-thread floor slower
@@ -654,7 +654,7 @@ const UNTIMED_CALL_BELOW: Duration = Duration::from_millis(2);
 /// buffers are about the size of L2 (N = 64, H = 2,048: 2 MB per `expanded_x`): whichever job
 /// came first in a round (after the previous round's unpermute reference) measured 1.7x-1.8x
 /// slower than the same job in second place. So a job that follows another one and gets an
-/// untimed call (one under [`UNTIMED_CALL_BELOW`]) is called once more before it, untimed:
+/// untimed call (one under `UNTIMED_CALL_BELOW`, 2 ms) is called once more before it, untimed:
 /// every short job is timed on its third call in a row; jobs of 2 ms and more, timed on their
 /// first, are bound by memory far larger than the caches.
 ///
