@@ -343,3 +343,72 @@ fn combine_token<T: FloatElement>(
     }
     combine_generic(dst, skip1, skip2, routes)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::bf16;
+
+    /// Every compiled variant of the combine kernel gives the same bits (the random tests
+    /// against the reference run whichever variant the test machine picks).
+    #[test]
+    fn every_instruction_set_gives_the_same_bits() {
+        let h = 200; // three full blocks of 64 columns and a partial one
+        let mut seed = 7u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 8.0 - 4.0
+        };
+        let rows: Vec<Vec<bf16>> = (0..5)
+            .map(|_| (0..h).map(|_| bf16::from_f32(next())).collect())
+            .collect();
+        let bias: Vec<bf16> = (0..h).map(|_| bf16::from_f32(next())).collect();
+        let skip: Vec<bf16> = (0..h).map(|_| bf16::from_f32(next())).collect();
+        let routes: Vec<Route<'_, bf16>> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, r)| Route {
+                w: next(),
+                row: r,
+                bias: (i % 2 == 0).then_some(&bias[..]),
+            })
+            .collect();
+        let mut want = vec![bf16::ZERO; h];
+        combine_generic(&mut want, Some(&skip), Some(&skip), &routes);
+        let mut got = vec![bf16::ZERO; h];
+        combine_token(&mut got, Some(&skip), Some(&skip), &routes);
+        assert_eq!(got, want);
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx2") {
+                got.fill(bf16::ZERO);
+                // SAFETY: AVX2 is present (checked).
+                unsafe { combine_avx2(&mut got, Some(&skip), Some(&skip), &routes) };
+                assert_eq!(got, want, "avx2");
+            }
+            if std::is_x86_feature_detected!("avx512f") {
+                got.fill(bf16::ZERO);
+                // SAFETY: AVX-512F is present (checked).
+                unsafe { combine_avx512(&mut got, Some(&skip), Some(&skip), &routes) };
+                assert_eq!(got, want, "avx512f");
+            }
+        }
+        // And the literal per-element sum, in the documented order.
+        for c in 0..h {
+            let mut a = 0f32;
+            a += skip[c].to_f32();
+            a += skip[c].to_f32();
+            for r in &routes {
+                let b = r.bias.map_or(0.0, |b| b[c].to_f32());
+                a += if r.bias.is_some() {
+                    r.w * (r.row[c].to_f32() + b)
+                } else {
+                    r.w * r.row[c].to_f32()
+                };
+            }
+            assert_eq!(want[c], bf16::from_f32(a), "column {c}");
+        }
+    }
+}

@@ -174,7 +174,7 @@ const DROP_PAD: u64 = 2;
 enum Size {
     Small,
     Large,
-    /// Large enough for the operator's parallel row copy (> 256 KiB of rows).
+    /// Large enough for the operator's parallel row copy (>= 1 MiB of rows, even for i8).
     Parallel,
 }
 
@@ -198,7 +198,7 @@ fn gen_case(rng: &mut Rng, size: Size, mode: Option<u64>, dtype: Option<u8>) -> 
         Size::Parallel => (
             rng.urange(1000, 1200),
             rng.urange(4, 6),
-            rng.urange(64, 80),
+            rng.urange(256, 300),
             rng.range(8, 64),
         ),
     };
