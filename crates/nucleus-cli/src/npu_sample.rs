@@ -1,5 +1,5 @@
 //! `nucleus top-k-top-p-sample`: nucleus-sampling's
-//! [`top_k_top_p_sample`](nucleus_sampling::npu::top_k_top_p_sample) (the Ascend
+//! [`nucleus_sampling::npu::top_k_top_p_sample`] (the Ascend
 //! `torch_npu.npu_top_k_top_p_sample` contract) on calls read from a file or a pipe, one JSON
 //! answer per call.
 //!

@@ -32,7 +32,9 @@ pub use init_routing::{
     MoeInitRoutingAttrs, MoeInitRoutingInput, MoeInitRoutingOutput, QuantMode, RowIdxType,
     MAX_EXPERT_NUM, MAX_EXPERT_NUM_KEY_VALUE,
 };
-pub use unpermute::{moe_finalize_routing, moe_token_unpermute, FinalizeRoutingInput};
+pub use unpermute::{
+    moe_finalize_routing, moe_finalize_routing_into, moe_token_unpermute, FinalizeRoutingInput,
+};
 
 use half::{bf16, f16};
 

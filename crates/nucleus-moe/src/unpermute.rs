@@ -43,7 +43,8 @@ pub struct FinalizeRoutingInput<'a, T> {
 /// `weights [N, K]` f32 or `None` (weight 1). An index of -1, or one at or past `valid_rows`,
 /// contributes nothing; a token with no placed route gets zeros. Sums are accumulated in f32 in
 /// slot order `k = 0..K` and rounded once to `T`. Returns `out [N, H]`. Tokens are combined in
-/// parallel when the output is large; the result does not depend on the thread count.
+/// parallel when the output is large; the result does not depend on the thread count. To write
+/// into a buffer reused from call to call, use [`moe_finalize_routing_into`].
 ///
 /// # Errors
 /// [`MoeError`]: `H == 0` or `K == 0`; `expert_out` not a multiple of H; `valid_rows > R`;
@@ -80,9 +81,21 @@ pub fn moe_token_unpermute<T: FloatElement>(
 /// Those of [`moe_token_unpermute`], and: `skip1` / `skip2` not `[N, H]`; `bias` not `[E, H]`
 /// with E >= 1; `bias` without `expert_idx`; `expert_idx` not `[N, K]`; a placed route whose
 /// expert id is outside `[0, E)`.
-pub fn moe_finalize_routing<'a, T: FloatElement>(
-    input: &FinalizeRoutingInput<'a, T>,
+pub fn moe_finalize_routing<T: FloatElement>(
+    input: &FinalizeRoutingInput<'_, T>,
 ) -> Result<Vec<T>, MoeError> {
+    let mut out = Vec::new();
+    moe_finalize_routing_into(input, &mut out)?;
+    Ok(out)
+}
+
+/// [`moe_finalize_routing`] into `out`, which is set to `[N, H]` (no allocation when its
+/// capacity suffices: an engine reuses one buffer across steps). On error `out` may have been
+/// cleared.
+pub fn moe_finalize_routing_into<'a, T: FloatElement>(
+    input: &FinalizeRoutingInput<'a, T>,
+    out: &mut Vec<T>,
+) -> Result<(), MoeError> {
     let (h, k) = (input.hidden_size, input.k);
     if h == 0 {
         return Err(MoeError::shape(
@@ -199,14 +212,13 @@ pub fn moe_finalize_routing<'a, T: FloatElement>(
         }
     }
 
-    let mut out = Vec::new();
     let shape = || format!("[N, H] = [{n}, {h}]");
     let len = n.checked_mul(h).ok_or_else(|| MoeError::Allocation {
         tensor: "out",
         bytes: n as u128 * h as u128 * std::mem::size_of::<T>() as u128,
         shape: shape(),
     })?;
-    MoeError::reserve(&mut out, len, "out", shape)?;
+    MoeError::reserve(out, len, "out", shape)?;
     out.resize(len, T::default());
     // Per token: its skips and its placed routes (weight, expert_out row, bias row).
     let token = |i: usize, dst: &mut [T], routes: &mut Vec<Route<'a, T>>| {
@@ -239,7 +251,7 @@ pub fn moe_finalize_routing<'a, T: FloatElement>(
             token(i, dst, &mut routes);
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// One placed route of a token: its weight, its `expert_out` row and its expert's bias row.

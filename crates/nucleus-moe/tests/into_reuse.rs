@@ -104,3 +104,48 @@ fn into_reuse_equals_fresh() {
         }
     }
 }
+
+#[test]
+fn finalize_into_reuse_equals_fresh() {
+    let mut out = vec![7f32; 3];
+    for (c, (n, h, k)) in [(40usize, 33usize, 3usize), (2, 5, 1), (300, 512, 4)]
+        .into_iter()
+        .enumerate()
+    {
+        let x: Vec<f32> = (0..n * h).map(|i| (i % 101) as f32 * 0.25 - 12.0).collect();
+        let expert_idx = ids(n, k, 8, 10 + c as u64);
+        let routed = moe_init_routing(
+            &MoeInitRoutingInput {
+                x: &x,
+                num_rows: n,
+                hidden_size: h,
+                expert_idx: &expert_idx,
+                k,
+                scale: None,
+                offset: None,
+            },
+            &MoeInitRoutingAttrs::new(8),
+        )
+        .unwrap();
+        let ExpandedX::Unquantized(expert_out) = &routed.expanded_x else {
+            panic!()
+        };
+        let weights: Vec<f32> = (0..n * k).map(|j| 1.0 / (1 + j % 5) as f32).collect();
+        let input = FinalizeRoutingInput {
+            expert_out,
+            hidden_size: h,
+            valid_rows: routed.valid_rows,
+            expanded_row_idx: &routed.expanded_row_idx,
+            k,
+            weights: Some(&weights),
+            expert_idx: None,
+            skip1: Some(&x),
+            skip2: None,
+            bias: None,
+        };
+        let fresh = moe_finalize_routing(&input).unwrap();
+        moe_finalize_routing_into(&input, &mut out).unwrap();
+        assert_eq!(out, fresh, "call {c}");
+        assert_eq!(out.len(), n * h);
+    }
+}
