@@ -216,6 +216,11 @@ fn assert_close(got: &[f32], want: &[f32], what: &str) {
         .iter()
         .zip(want)
         .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    // `--nocapture` shows how far inside the bound each case is.
+    println!(
+        "{what}: max |diff| {diff:.3e} = {:.2e} x max |output| {scale:.3e}",
+        diff / scale
+    );
     assert!(
         diff <= 1e-5 * scale,
         "{what}: max |diff| {diff:e} > 1e-5 * max |output| {scale:e}"
