@@ -15,7 +15,22 @@
 //!
 //! Tensors are flat row-major slices with their sizes given beside them; elements are `f32`,
 //! `f16`, `bf16` (and `i8` for `x`), see [`Element`]. Every rule of the spec is checked, and a
-//! violated rule is a [`MoeError`] that names it; nothing panics on user input.
+//! violated rule is a [`MoeError`] that names it; nothing panics on user input. An error
+//! refuses the whole call (naming the row and column where it applies): routing is one step of
+//! one forward pass, which cannot go on without every token's route. [`moe_init_routing_into`]
+//! and [`moe_finalize_routing_into`] write into buffers reused from call to call, as an engine
+//! does (a fresh `expanded_x` of hundreds of MB costs page faults).
+//!
+//! Where the spec is silent, these operators decide (each is tested):
+//! - `active_num` is ignored in drop/pad mode (as `expert_capacity` is outside it);
+//! - the key-value limit `expert_num <= 5120` and drop/pad's "count type" apply whether or not
+//!   `expert_tokens_num_flag` is set;
+//! - only rows that some route places are quantised, so a NaN in a row no route places never
+//!   fails a call; static quantisation refuses NaN and saturates +-inf; dynamic quantisation
+//!   refuses a non-finite `x * smooth`; a row whose scale underflows to 0 gives q = 0, s = 0;
+//! - finished rows of the softmax gating get expert id E with their weights computed as for
+//!   any row (vLLM's `topk_softmax`);
+//! - gating refuses NaN and +inf logits, and (softmax) a row of only -inf.
 
 mod error;
 mod gating;
