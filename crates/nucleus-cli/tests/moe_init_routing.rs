@@ -5,11 +5,13 @@
 
 mod common;
 
-use common::{answers, run_subcommand, text};
-use std::path::{Path, PathBuf};
+use common::{
+    answers, bf16_bytes, f16_bytes, f32_bytes, i32_bytes, i64_bytes, run_subcommand, temp_dir,
+    text, write_tensors, TensorSpec,
+};
+use std::path::Path;
 use std::process::Output;
 
-use half::{bf16, f16};
 use nucleus_moe::{
     moe_init_routing, DropPadMode, ExpandedX, ExpertTokensNumType, MoeInitRoutingAttrs,
     MoeInitRoutingInput, QuantMode, RowIdxType,
@@ -655,55 +657,6 @@ fn input_files_and_exit_statuses() {
 }
 
 // ---- Safetensors ----
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "nucleus-moe-init-routing-test-{}-{name}",
-        std::process::id()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// A tensor to write: name, dtype, shape, little-endian bytes.
-type TensorSpec<'a> = (&'a str, Dtype, Vec<usize>, Vec<u8>);
-
-fn write_tensors(path: &Path, tensors: &[TensorSpec<'_>]) {
-    let views: Vec<(&str, safetensors::tensor::TensorView<'_>)> = tensors
-        .iter()
-        .map(|(name, dtype, shape, bytes)| {
-            (
-                *name,
-                safetensors::tensor::TensorView::new(*dtype, shape.clone(), bytes).unwrap(),
-            )
-        })
-        .collect();
-    std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
-}
-
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-fn i32_bytes(v: &[i32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-fn i64_bytes(v: &[i64]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-fn f16_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter()
-        .flat_map(|&x| f16::from_f32(x).to_bits().to_le_bytes())
-        .collect()
-}
-
-fn bf16_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter()
-        .flat_map(|&x| bf16::from_f32(x).to_bits().to_le_bytes())
-        .collect()
-}
 
 fn run_tensors(path: &Path, attrs: &str) -> Output {
     run(&["--tensors", path.to_str().unwrap(), "--attrs", attrs], "")

@@ -4,11 +4,14 @@
 
 mod common;
 
-use common::{answers, nucleus, run_subcommand, text};
-use std::path::{Path, PathBuf};
+use common::{
+    answers, bf16_bytes, f16_bytes, f32_bytes, i32_bytes, nucleus, run_subcommand, temp_dir, text,
+    write_tensors, TensorSpec,
+};
+use std::path::Path;
 use std::process::Output;
 
-use half::{bf16, f16};
+use half::bf16;
 use nucleus_sampling::npu::{top_k_top_p_sample, QIndexing, TopKTopPSampleOptions};
 use nucleus_sampling::{InputKind, LogitsView};
 use safetensors::Dtype;
@@ -394,51 +397,6 @@ fn input_files_and_exit_statuses() {
 }
 
 // ---- Safetensors ----
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "nucleus-npu-sample-test-{}-{name}",
-        std::process::id()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// A tensor to write: name, dtype, shape, little-endian bytes.
-type TensorSpec<'a> = (&'a str, Dtype, Vec<usize>, Vec<u8>);
-
-fn write_tensors(path: &Path, tensors: &[TensorSpec<'_>]) {
-    let views: Vec<(&str, safetensors::tensor::TensorView<'_>)> = tensors
-        .iter()
-        .map(|(name, dtype, shape, bytes)| {
-            (
-                *name,
-                safetensors::tensor::TensorView::new(*dtype, shape.clone(), bytes).unwrap(),
-            )
-        })
-        .collect();
-    std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
-}
-
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-fn i32_bytes(v: &[i32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-fn bf16_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter()
-        .flat_map(|&x| bf16::from_f32(x).to_bits().to_le_bytes())
-        .collect()
-}
-
-fn f16_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter()
-        .flat_map(|&x| f16::from_f32(x).to_bits().to_le_bytes())
-        .collect()
-}
 
 fn run_tensors(path: &Path, attrs: Option<&str>) -> Output {
     let mut args = vec!["--tensors", path.to_str().unwrap()];

@@ -4,9 +4,8 @@
 
 mod common;
 
-use common::{answers, nucleus, run_subcommand, text};
+use common::{answers, nucleus, run_subcommand, temp_dir, text, write_tensors};
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
@@ -591,27 +590,6 @@ fn a_closed_stdout_ends_quietly() {
 
 // --- safetensors input ---
 
-fn temp_dir(name: &str) -> PathBuf {
-    let dir =
-        std::env::temp_dir().join(format!("nucleus-sample-test-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// Writes `tensors` (name, dtype, shape, little-endian bytes) to a safetensors file.
-fn write_safetensors(path: &Path, tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) {
-    let views: Vec<(&str, safetensors::tensor::TensorView<'_>)> = tensors
-        .iter()
-        .map(|(name, dtype, shape, bytes)| {
-            (
-                *name,
-                safetensors::tensor::TensorView::new(*dtype, shape.clone(), bytes).unwrap(),
-            )
-        })
-        .collect();
-    std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
-}
-
 /// Logits `[3, 5]`, every value exact in f16 and bf16.
 const LOGITS: [[f32; 5]; 3] = [
     [0.5, 2.0, -1.0, 1.5, 0.25],
@@ -677,7 +655,7 @@ fn safetensors_f32_f16_bf16_with_one_params_object_and_a_list() {
     let view = LogitsView::dense(&flat, 3, 5).unwrap();
     for dtype in [Dtype::F32, Dtype::F16, Dtype::BF16] {
         let path = dir.join(format!("{dtype:?}.safetensors"));
-        write_safetensors(&path, &[("logits", dtype, vec![3, 5], logits_bytes(dtype))]);
+        write_tensors(&path, &[("logits", dtype, vec![3, 5], logits_bytes(dtype))]);
         let path = path.to_str().unwrap();
         for (params_path, params) in [
             (&one, vec![one_params.clone(); 3]),
@@ -728,7 +706,7 @@ fn safetensors_row_errors_are_answers() {
     let path = dir.join("nan.safetensors");
     let values = [1.0f32, f32::NAN, 0.0, 2.0];
     let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    write_safetensors(&path, &[("logits", Dtype::F32, vec![2, 2], bytes)]);
+    write_tensors(&path, &[("logits", Dtype::F32, vec![2, 2], bytes)]);
     let params = dir.join("p.json");
     std::fs::write(&params, r#"[{"temperature": 0}, {"top_k": -5}]"#).unwrap();
     let got = answers(&run_tensor(&[
@@ -807,12 +785,12 @@ fn unusable_input_exits_2() {
     ];
     for (name, tensor, dtype, shape, bytes, needle) in cases {
         let path = dir.join(format!("{name}.safetensors"));
-        write_safetensors(&path, &[(tensor, dtype, shape, bytes)]);
+        write_tensors(&path, &[(tensor, dtype, shape, bytes)]);
         assert_exit_2(&run_tensor(&["--logits", path.to_str().unwrap()]), needle);
     }
 
     let good = dir.join("good.safetensors");
-    write_safetensors(
+    write_tensors(
         &good,
         &[("logits", Dtype::F32, vec![3, 5], logits_bytes(Dtype::F32))],
     );
@@ -1028,7 +1006,7 @@ fn n_times_logprobs_above_the_limit_is_invalid_params() {
 
     let dir = temp_dir("top-limit");
     let path = dir.join("wide.safetensors");
-    write_safetensors(
+    write_tensors(
         &path,
         &[("logits", Dtype::F32, vec![1, 1025], vec![0; 4 * 1025])],
     );
@@ -1126,7 +1104,7 @@ fn duplicate_logit_bias_ids_are_invalid_rows() {
     }
     let dir = temp_dir("dup-bias");
     let good = dir.join("good.safetensors");
-    write_safetensors(
+    write_tensors(
         &good,
         &[("logits", Dtype::F32, vec![3, 5], logits_bytes(Dtype::F32))],
     );
@@ -1285,7 +1263,7 @@ fn a_token_104_nats_below_the_maximum_has_weight_0() {
 fn a_safetensors_tensor_without_columns_is_unusable() {
     let dir = temp_dir("no-columns");
     let path = dir.join("empty.safetensors");
-    write_safetensors(&path, &[("logits", Dtype::F32, vec![3, 0], Vec::new())]);
+    write_tensors(&path, &[("logits", Dtype::F32, vec![3, 0], Vec::new())]);
     let out = run_tensor(&["--logits", path.to_str().unwrap()]);
     assert_exit_2(
         &out,
@@ -1302,7 +1280,7 @@ fn a_safetensors_tensor_without_columns_is_unusable() {
 fn a_params_list_for_a_tensor_without_rows_says_1_object() {
     let dir = temp_dir("no-rows");
     let path = dir.join("empty.safetensors");
-    write_safetensors(&path, &[("logits", Dtype::F32, vec![0, 5], Vec::new())]);
+    write_tensors(&path, &[("logits", Dtype::F32, vec![0, 5], Vec::new())]);
     let params = dir.join("p.json");
     std::fs::write(&params, "[{}]").unwrap();
     let out = run_tensor(&[
@@ -1316,7 +1294,7 @@ fn a_params_list_for_a_tensor_without_rows_says_1_object() {
     let out = run_tensor(&["--logits", path.to_str().unwrap()]);
     assert_eq!(answers(&out).len(), 0);
     let one_row = dir.join("one.safetensors");
-    write_safetensors(
+    write_tensors(
         &one_row,
         &[(
             "logits",

@@ -2,7 +2,10 @@
 #![allow(dead_code)] // each test binary uses its own subset
 
 use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+
+use safetensors::Dtype;
 
 use serde_json::Value;
 
@@ -48,5 +51,62 @@ pub fn answers(out: &Output) -> Vec<Value> {
     text(&out.stdout)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+/// A fresh directory for this test binary's files (`name` keeps tests apart).
+pub fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "nucleus-{}-test-{}-{name}",
+        env!("CARGO_CRATE_NAME"),
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A tensor to write: name, dtype, shape, little-endian bytes.
+pub type TensorSpec<'a> = (&'a str, Dtype, Vec<usize>, Vec<u8>);
+
+/// Writes `tensors` to a safetensors file at `path`.
+pub fn write_tensors(path: &Path, tensors: &[TensorSpec<'_>]) {
+    let views: Vec<(&str, safetensors::tensor::TensorView<'_>)> = tensors
+        .iter()
+        .map(|(name, dtype, shape, bytes)| {
+            (
+                *name,
+                safetensors::tensor::TensorView::new(*dtype, shape.clone(), bytes).unwrap(),
+            )
+        })
+        .collect();
+    std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
+}
+
+/// Little-endian bytes of f32 values.
+pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Little-endian bytes of i32 values.
+pub fn i32_bytes(v: &[i32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Little-endian bytes of i64 values.
+pub fn i64_bytes(v: &[i64]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Little-endian bytes of the values rounded to f16.
+pub fn f16_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter()
+        .flat_map(|&x| half::f16::from_f32(x).to_bits().to_le_bytes())
+        .collect()
+}
+
+/// Little-endian bytes of the values rounded to bf16.
+pub fn bf16_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter()
+        .flat_map(|&x| half::bf16::from_f32(x).to_bits().to_le_bytes())
         .collect()
 }
