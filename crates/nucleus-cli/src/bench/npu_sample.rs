@@ -23,7 +23,7 @@ use rayon::prelude::*;
 
 use super::sampling::floors::{self, Isa};
 use super::sampling::workload::{Logits, SplitMix64, DEFAULT_SEED};
-use super::sampling::{interleaved_medians, AUTO_BUDGET, AUTO_MIN_RUNS};
+use super::sampling::{fmt_ratio, fmt_us, interleaved_medians, AUTO_BUDGET, AUTO_MIN_RUNS};
 
 /// The flags of `nucleus bench npu-sample`.
 #[derive(Args, Debug, Clone)]
@@ -303,22 +303,4 @@ fn write_table(
     }
     out.flush()?;
     Ok(())
-}
-
-fn fmt_us(us: f64) -> String {
-    if us >= 100.0 {
-        format!("{us:.0}")
-    } else if us >= 10.0 {
-        format!("{us:.1}")
-    } else {
-        format!("{us:.2}")
-    }
-}
-
-fn fmt_ratio(r: f64) -> String {
-    if r >= 10.0 {
-        format!("{r:.0}x")
-    } else {
-        format!("{r:.2}x")
-    }
 }

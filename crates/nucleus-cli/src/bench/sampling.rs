@@ -442,7 +442,8 @@ fn write_table(bench: &Bench, config: &Config, out: &mut (dyn Write + Send)) -> 
     Ok(())
 }
 
-fn fmt_us(us: f64) -> String {
+/// µs for a table cell: 3 significant figures down to 2 decimals.
+pub(crate) fn fmt_us(us: f64) -> String {
     if us >= 100.0 {
         format!("{us:.0}")
     } else if us >= 10.0 {
@@ -452,7 +453,8 @@ fn fmt_us(us: f64) -> String {
     }
 }
 
-fn fmt_ratio(r: f64) -> String {
+/// A ratio for a table cell: `12x`, `1.23x`.
+pub(crate) fn fmt_ratio(r: f64) -> String {
     if r >= 10.0 {
         format!("{r:.0}x")
     } else {
