@@ -49,6 +49,99 @@ pub enum EngineError {
 /// `Result` with [`EngineError`].
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
 
+/// The longest message (in bytes) that an error about a model file carries: every
+/// `InvalidModel` and tokenizer message is cut to this length, so that nothing a file holds
+/// (a 2 MB token array where a number belongs, a long string) makes a long error.
+pub const MAX_MESSAGE_BYTES: usize = 400;
+
+/// The most bytes of one escaped text from a file (a key, a tensor name, a string value) that
+/// an error message shows; longer texts are cut and their length given.
+pub const MAX_QUOTED_BYTES: usize = 80;
+
+/// Text from a file (a metadata key, a tensor name, a string value) as it may appear in a message:
+/// between backticks, each character escaped as Rust's `char::escape_debug` does (control
+/// characters as `\n`, `\u{1b}`, ...; backslashes doubled; quotes left as they are), each byte of
+/// invalid UTF-8 as `\xNN`, and at most [`MAX_QUOTED_BYTES`] bytes of that (then `…` and the
+/// text's length in bytes). So a hostile name never reaches a terminal raw, nor makes a long
+/// message.
+///
+/// ```text
+/// b"blk.0\x1b[2J\xff"  ->  `blk.0\u{1b}[2J\xff`
+/// ```
+pub(crate) fn quote(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut out = String::from("`");
+    let mut cut = false;
+    'chunks: for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            let before = out.len();
+            match c {
+                '"' | '\'' => out.push(c),
+                _ => out.extend(c.escape_debug()),
+            }
+            if out.len() > MAX_QUOTED_BYTES + 1 {
+                out.truncate(before);
+                cut = true;
+                break 'chunks;
+            }
+        }
+        for b in chunk.invalid() {
+            let before = out.len();
+            let _ = write!(out, "\\x{b:02x}");
+            if out.len() > MAX_QUOTED_BYTES + 1 {
+                out.truncate(before);
+                cut = true;
+                break 'chunks;
+            }
+        }
+    }
+    out.push('`');
+    if cut {
+        let _ = write!(out, "… ({} bytes)", bytes.len());
+    }
+    out
+}
+
+/// `message` made safe to print as one line: every character that `char::escape_debug` escapes
+/// other than backslashes and quotes (control characters, bidirectional and other format
+/// characters, unassigned code points) escaped as it does, and cut to at most
+/// [`MAX_MESSAGE_BYTES`] bytes, ending in `…` when cut. The last line of defence for messages that embed another library's text (candle's,
+/// tokenizers'); text we take from a file is [`quote`]d where the message is made.
+pub(crate) fn bounded(message: impl Into<String>) -> String {
+    let message = message.into();
+    if message.len() <= MAX_MESSAGE_BYTES && !message.chars().any(needs_escape) {
+        return message;
+    }
+    let mut out = String::new();
+    let mut over = false;
+    for c in message.chars() {
+        if needs_escape(c) {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+        if out.len() > MAX_MESSAGE_BYTES {
+            over = true;
+            break;
+        }
+    }
+    if over {
+        let mut cut = MAX_MESSAGE_BYTES - '…'.len_utf8();
+        while !out.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        out.truncate(cut);
+        out.push('…');
+    }
+    out
+}
+
+/// Whether [`bounded`] escapes `c`: `char::escape_debug` would, and it is no backslash or quote
+/// (which are printable, and which the escapes of [`quote`] already contain).
+fn needs_escape(c: char) -> bool {
+    !matches!(c, '\\' | '"' | '\'') && c.escape_debug().nth(1).is_some()
+}
+
 /// The message of a candle error without the backtrace candle attaches when `RUST_BACKTRACE`
 /// is set: errors are one line for the user.
 pub(crate) fn candle_message(e: &candle_core::Error) -> String {

@@ -15,28 +15,39 @@ pub const MODEL_ENV: &str = "NUCLEUS_MODEL";
 /// empty), else
 /// [`DEFAULT_FILE`] from [`DEFAULT_REPO`] through the hf-hub cache (downloading it once).
 ///
+/// A given path (either way, symbolic links followed) must be a regular file: not a directory,
+/// nor a device (`/dev/zero`), a FIFO or a socket, which [`crate::load_gguf`] could block on or
+/// read forever.
+///
 /// # Errors
-/// [`EngineError::ModelNotFound`] when the given path does not exist, or when no path was
-/// given and the hub cannot be reached (offline); the message says to pass `--model`.
+/// [`EngineError::ModelNotFound`] when the given path does not exist, cannot be inspected
+/// (e.g. permission denied), is a directory, or is not a regular file; the message starts with
+/// the path, as `NUCLEUS_MODEL=PATH` when it came from the environment. Also when no path was
+/// given and the hub cannot be reached (offline); the message then says to pass `--model`.
 pub fn resolve_model(explicit: Option<&Path>) -> Result<PathBuf> {
-    let given = explicit.map(Path::to_path_buf).or_else(|| {
-        std::env::var_os(MODEL_ENV)
+    let given = match explicit {
+        Some(path) => Some((path.to_path_buf(), false)),
+        None => std::env::var_os(MODEL_ENV)
             .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    });
-    if let Some(path) = given {
-        if path.is_file() {
-            return Ok(path);
-        }
-        let what = if path.is_dir() {
-            "is a directory, not a GGUF file"
-        } else {
-            "does not exist"
+            .map(|v| (PathBuf::from(v), true)),
+    };
+    if let Some((path, from_env)) = given {
+        let what = match std::fs::metadata(&path) {
+            Ok(m) if m.is_file() => return Ok(path),
+            Ok(m) if m.is_dir() => "is a directory, not a GGUF file".to_string(),
+            Ok(m) => format!(
+                "is not a regular file or directory ({}); pass a GGUF file",
+                file_kind(&m.file_type())
+            ),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => "does not exist".to_string(),
+            Err(e) => format!("cannot be inspected: {e}"),
         };
-        return Err(EngineError::ModelNotFound(format!(
-            "{} {what}",
-            path.display()
-        )));
+        let shown = if from_env {
+            format!("{MODEL_ENV}={}", path.display())
+        } else {
+            path.display().to_string()
+        };
+        return Err(EngineError::ModelNotFound(format!("{shown}: {what}")));
     }
     let fail = |e: &dyn std::fmt::Display| {
         EngineError::ModelNotFound(format!(
@@ -52,4 +63,29 @@ pub fn resolve_model(explicit: Option<&Path>) -> Result<PathBuf> {
     api.model(DEFAULT_REPO.to_string())
         .get(DEFAULT_FILE)
         .map_err(|e| fail(&e))
+}
+
+/// What a file that is not a regular file is, for messages.
+pub(crate) fn file_kind(t: &std::fs::FileType) -> &'static str {
+    if t.is_dir() {
+        return "a directory";
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_char_device() {
+            return "a character device";
+        }
+        if t.is_block_device() {
+            return "a block device";
+        }
+        if t.is_fifo() {
+            return "a FIFO";
+        }
+        if t.is_socket() {
+            return "a socket";
+        }
+    }
+    let _ = t;
+    "a special file"
 }

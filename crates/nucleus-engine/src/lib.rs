@@ -3,10 +3,12 @@
 //! Models and the generation loop around nucleus-sampling: what runs between the user's
 //! request and the logits, and between the sampled token and the streamed text.
 //!
-//! - [`load_gguf`] reads a GGUF file (llama.cpp's format) with candle-core's reader: a
+//! - [`load_gguf`] reads a GGUF file (llama.cpp's format): its header through our checked parser
+//!   ([`gguf::read_content`], which refuses corrupt files), its tensors through candle-core: a
 //!   Llama-architecture [`LlamaModel`] (f32 or any quantized type candle supports, through its
 //!   quantized matmul) and its tokenizer from the metadata, [`GgufTokenizer`] (`llama`
-//!   SentencePiece BPE with byte fallback, or `gpt2` byte-level BPE).
+//!   SentencePiece BPE with byte fallback, or `gpt2` byte-level BPE), plus the warnings of
+//!   what was ignored ([`LoadedModel::warnings`]).
 //! - [`LlamaModel::forward`] runs the new tokens of many sequences in one pass: the linear
 //!   layers on all rows at once, attention per sequence over its own [`KvCache`].
 //! - [`Engine`] takes [`Request`]s (prompt, [`SamplingParams`], max_tokens, stop token ids,
@@ -41,6 +43,7 @@
 pub mod detokenize;
 pub mod engine;
 pub mod error;
+pub mod gguf;
 pub mod hub;
 pub mod kv_cache;
 pub mod load;

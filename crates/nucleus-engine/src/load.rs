@@ -3,9 +3,12 @@
 //!
 //! GGUF is llama.cpp's file format: a header, typed key/value metadata (`general.architecture`,
 //! `llama.*` hyper-parameters, `tokenizer.ggml.*`), tensor descriptions and aligned tensor data
-//! (spec: <https://github.com/ggml-org/ggml/blob/master/docs/gguf.md>). Parsing is candle's
-//! (`candle_core::quantized::gguf_file`); what we read from it is checked here, so that a missing
-//! key, a wrong type or a truncated file is an [`EngineError`], never a panic.
+//! (spec: <https://github.com/ggml-org/ggml/blob/master/docs/gguf.md>). The header is parsed once,
+//! by our checked parser ([`crate::gguf::read_content`]); tensor data is read by candle
+//! (`candle_core::quantized::gguf_file::Content::tensor`). What we read from the metadata is
+//! checked here, so that a missing key, a wrong type or a corrupt file is an [`EngineError`],
+//! never a panic, and its message is short and printable (values described by
+//! [`crate::gguf::describe`], never printed whole).
 
 use std::fs::File;
 use std::io::BufReader;
@@ -14,8 +17,8 @@ use std::path::Path;
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::Device;
 
-use crate::error::candle_message;
-use crate::error::{EngineError, Result};
+use crate::error::{bounded, EngineError, Result};
+use crate::gguf::describe;
 use crate::model::LlamaModel;
 use crate::tokenizer::GgufTokenizer;
 
@@ -26,30 +29,52 @@ pub struct LoadedModel {
     pub model: LlamaModel,
     /// The tokenizer from the file's `tokenizer.ggml.*` metadata.
     pub tokenizer: GgufTokenizer,
+    /// What was wrong with the file but ignored, one message each, for the caller to show (the
+    /// library prints nothing): special token ids outside the vocabulary other than BOS and EOS,
+    /// which llama.cpp also ignores with a warning (see [`GgufTokenizer::from_gguf`]).
+    pub warnings: Vec<String>,
 }
 
 /// Reads a Llama-architecture model and its tokenizer from the GGUF file at `path`, with the
 /// weights on `device`.
 ///
-/// Semantics: [`LlamaModel::from_gguf`] for the weights and hyper-parameters,
-/// [`GgufTokenizer::from_gguf`] for the tokenizer. The tokenizer may not hold more tokens than the
+/// Semantics: [`crate::gguf::read_content`] parses and checks the header, metadata and tensor
+/// descriptions (once), then [`LlamaModel::from_gguf`] reads the weights and hyper-parameters
+/// and [`GgufTokenizer::from_gguf`] the tokenizer; their warnings end up in
+/// [`LoadedModel::warnings`]. The tokenizer may not hold more tokens than the
 /// model's vocabulary (the token embedding's rows); fewer is fine (padded vocabularies).
 ///
 /// Errors:
-/// - [`EngineError::Io`] when the file cannot be opened;
-/// - [`EngineError::InvalidModel`] (naming `path`) when it is not a GGUF file, is truncated or
-///   corrupt, lacks a tensor or metadata key, has a tensor of the wrong shape, or has malformed
-///   tokenizer metadata;
+/// - [`EngineError::Io`] when the file cannot be opened or read;
+/// - [`EngineError::InvalidModel`] when `path` is not a regular file (a directory, a device, a
+///   FIFO: never opened, so never blocked on);
+/// - [`EngineError::InvalidModel`] (naming `path`, the key or tensor and its value, in at most
+///   [`crate::error::MAX_MESSAGE_BYTES`] bytes with file text escaped) when it is not a GGUF
+///   file, is truncated or corrupt (every check of [`crate::gguf::read_content`]), lacks a
+///   tensor or metadata key, has a tensor of the wrong shape, has malformed tokenizer metadata,
+///   or a BOS or EOS id outside the vocabulary;
 /// - [`EngineError::Unsupported`] for an architecture other than `llama` or a tokenizer kind
 ///   other than `llama` / `gpt2`.
 pub fn load_gguf(path: &Path, device: &Device) -> Result<LoadedModel> {
     let _span = tracing::debug_span!("load_gguf", path = %path.display()).entered();
+    // Opening a FIFO would block, and a device has no length: only regular files are read.
+    if let Ok(meta) = std::fs::metadata(path) {
+        if !meta.is_file() {
+            return Err(invalid(
+                path,
+                format!(
+                    "not a regular file ({})",
+                    crate::hub::file_kind(&meta.file_type())
+                ),
+            ));
+        }
+    }
     let file = File::open(path).map_err(|source| EngineError::Io {
         path: path.to_path_buf(),
         source,
     })?;
     let mut reader = BufReader::new(file);
-    let content = read_content(&mut reader, path)?;
+    let content = crate::gguf::read_content(&mut reader, path)?;
     let model = LlamaModel::from_gguf(&content, &mut reader, path, device)?;
     let tokenizer = GgufTokenizer::from_gguf(&content).map_err(|e| match e {
         EngineError::Tokenizer(message) => invalid(path, format!("tokenizer: {message}")),
@@ -66,43 +91,20 @@ pub fn load_gguf(path: &Path, device: &Device) -> Result<LoadedModel> {
             ),
         ));
     }
-    Ok(LoadedModel { model, tokenizer })
+    let warnings = tokenizer.warnings.clone();
+    Ok(LoadedModel {
+        model,
+        tokenizer,
+        warnings,
+    })
 }
 
-/// Parses the GGUF header and metadata of `reader` (the file at `path`).
-///
-/// candle's parser checks lengths against the file size, but a few corrupt values still make it
-/// panic (e.g. `general.alignment = 0` divides by zero); such a panic is caught and reported as
-/// `InvalidModel` like any other parse error.
-fn read_content(reader: &mut BufReader<File>, path: &Path) -> Result<gguf_file::Content> {
-    let parsed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        gguf_file::Content::read(reader)
-    }));
-    match parsed {
-        Ok(Ok(content)) => Ok(content),
-        Ok(Err(e)) => Err(invalid(
-            path,
-            format!("not a readable GGUF file: {}", candle_message(&e)),
-        )),
-        Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
-            Err(invalid(
-                path,
-                format!("not a readable GGUF file (the parser panicked: {what})"),
-            ))
-        }
-    }
-}
-
-/// `InvalidModel` for `path`.
+/// `InvalidModel` for `path`, its message [`bounded`] (control characters escaped, cut to
+/// [`crate::error::MAX_MESSAGE_BYTES`]).
 pub(crate) fn invalid(path: &Path, message: impl Into<String>) -> EngineError {
     EngineError::InvalidModel {
         path: path.to_path_buf(),
-        message: message.into(),
+        message: bounded(message),
     }
 }
 
@@ -112,9 +114,12 @@ pub(crate) fn md_u64(content: &gguf_file::Content, key: &str) -> Result<Option<u
     let Some(value) = content.metadata.get(key) else {
         return Ok(None);
     };
-    value_to_u64(value)
-        .map(Some)
-        .ok_or_else(|| format!("metadata `{key}` is {value:?}, expected a non-negative integer"))
+    value_to_u64(value).map(Some).ok_or_else(|| {
+        format!(
+            "metadata `{key}` is {}, expected a non-negative integer",
+            describe(value)
+        )
+    })
 }
 
 /// A metadata value as `usize` (see [`md_u64`]); values beyond `usize` are an error.
@@ -134,7 +139,12 @@ pub(crate) fn md_f64(content: &gguf_file::Content, key: &str) -> Result<Option<f
         Value::F64(v) => *v,
         other => match value_to_u64(other) {
             Some(v) => v as f64,
-            None => return Err(format!("metadata `{key}` is {value:?}, expected a number")),
+            None => {
+                return Err(format!(
+                    "metadata `{key}` is {}, expected a number",
+                    describe(value)
+                ))
+            }
         },
     };
     Ok(Some(v))
@@ -149,8 +159,8 @@ pub(crate) fn md_str<'a>(
         None => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.as_str())),
         Some(other) => Err(format!(
-            "metadata `{key}` is a {:?}, expected a string",
-            other.value_type()
+            "metadata `{key}` is {}, expected a string",
+            describe(other)
         )),
     }
 }
@@ -161,8 +171,8 @@ pub(crate) fn md_bool(content: &gguf_file::Content, key: &str) -> Result<Option<
         None => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
         Some(other) => Err(format!(
-            "metadata `{key}` is a {:?}, expected a bool",
-            other.value_type()
+            "metadata `{key}` is {}, expected a bool",
+            describe(other)
         )),
     }
 }
@@ -176,8 +186,8 @@ pub(crate) fn md_array<'a>(
         None => Ok(None),
         Some(Value::Array(a)) => Ok(Some(a.as_slice())),
         Some(other) => Err(format!(
-            "metadata `{key}` is a {:?}, expected an array",
-            other.value_type()
+            "metadata `{key}` is {}, expected an array",
+            describe(other)
         )),
     }
 }

@@ -39,8 +39,7 @@ use std::path::Path;
 use candle_core::quantized::{gguf_file, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
-use crate::error::candle_message;
-use crate::error::{EngineError, Result};
+use crate::error::{candle_message, quote, EngineError, Result};
 use crate::kv_cache::KvCache;
 use crate::load::{invalid, md_f64, md_str, md_u64, md_usize};
 
@@ -120,7 +119,8 @@ pub struct SeqInput<'a> {
 
 impl LlamaModel {
     /// Builds the model from a parsed GGUF file: `content` from
-    /// `gguf_file::Content::read(reader)`, `reader` the same file (tensor data is read from it),
+    /// [`crate::gguf::read_content`] (whose checks the tensor reads rely on: offsets, sizes and
+    /// types of the tensor descriptions), `reader` the same file (tensor data is read from it),
     /// `path` only for error messages, weights placed on `device`.
     ///
     /// Metadata read (required unless a default is given): `general.architecture` (must be
@@ -160,8 +160,9 @@ impl LlamaModel {
             .ok_or_else(|| invalid(path, "missing metadata key `general.architecture`"))?;
         if arch != "llama" {
             return Err(EngineError::Unsupported(format!(
-                "{}: architecture `{arch}` (general.architecture); only `llama` is supported",
-                path.display()
+                "{}: architecture {} (general.architecture); only `llama` is supported",
+                path.display(),
+                quote(arch.as_bytes())
             )));
         }
         if md_result(path, md_u64(content, "llama.expert_count"))?.unwrap_or(0) > 1 {
@@ -270,8 +271,9 @@ impl LlamaModel {
             }
             Some(other) => {
                 return Err(EngineError::Unsupported(format!(
-                    "{}: RoPE scaling `{other}` (llama.rope.scaling.type)",
-                    path.display()
+                    "{}: RoPE scaling {} (llama.rope.scaling.type)",
+                    path.display(),
+                    quote(other.as_bytes())
                 )))
             }
         };

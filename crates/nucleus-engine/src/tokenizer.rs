@@ -47,8 +47,8 @@ use tokenizers::normalizers::{NormalizerWrapper, Prepend, Replace, Sequence as N
 use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::{AddedToken, Tokenizer};
 
-use crate::error::candle_message;
-use crate::error::{EngineError, Result};
+use crate::error::{bounded, candle_message, quote, EngineError, Result};
+use crate::gguf::describe;
 use crate::load::{md_array, md_bool, md_str, value_to_u64};
 
 /// The SentencePiece word-boundary marker, U+2581.
@@ -58,6 +58,21 @@ const SPIECE_UNDERLINE: &str = "\u{2581}";
 const TOKEN_TYPE_UNKNOWN: u64 = 2;
 const TOKEN_TYPE_CONTROL: u64 = 3;
 const TOKEN_TYPE_USER_DEFINED: u64 = 4;
+
+/// The special ids that must lie inside the vocabulary: a file whose BOS or EOS id does not is
+/// refused (a generation loop cannot run without them right).
+const BOS_KEY: &str = "tokenizer.ggml.bos_token_id";
+const EOS_KEY: &str = "tokenizer.ggml.eos_token_id";
+/// The llama kind's unknown-token id (llama.cpp's key).
+const UNKNOWN_KEY: &str = "tokenizer.ggml.unknown_token_id";
+/// The special ids candle's gpt2 builder reads (its own key names).
+const GPT2_READ_KEYS: [&str; 3] = [
+    "tokenizer.ggml.unk_token_id",
+    "tokenizer.ggml.pad_token_id",
+    "tokenizer.ggml.sep_token_id",
+];
+/// The most warnings one tokenizer reports; the rest are counted in one more.
+const MAX_WARNINGS: usize = 16;
 
 /// Which GGUF tokenizer a [`GgufTokenizer`] was built from (`tokenizer.ggml.model`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,12 +88,17 @@ pub enum TokenizerKind {
 pub struct GgufTokenizer {
     /// The Hugging Face tokenizer (`encode(text, add_special_tokens)`, `decode(ids, skip_special)`).
     pub tokenizer: Tokenizer,
-    /// `tokenizer.ggml.bos_token_id`, `None` when absent or not a valid id (e.g. -1).
+    /// `tokenizer.ggml.bos_token_id`, `None` when absent or "no token" (-1, see
+    /// [`GgufTokenizer::from_gguf`]).
     pub bos_token_id: Option<u32>,
-    /// `tokenizer.ggml.eos_token_id`, `None` when absent or not a valid id.
+    /// `tokenizer.ggml.eos_token_id`, `None` when absent or "no token".
     pub eos_token_id: Option<u32>,
     /// The tokenizer kind (`tokenizer.ggml.model`).
     pub kind: TokenizerKind,
+    /// What was wrong in the metadata but ignored, one message each (at most 17): special ids
+    /// other than BOS / EOS outside the vocabulary, as llama.cpp ignores them. For the caller to
+    /// show; [`crate::load_gguf`] passes them on in [`crate::LoadedModel::warnings`].
+    pub warnings: Vec<String>,
 }
 
 impl GgufTokenizer {
@@ -89,13 +109,32 @@ impl GgufTokenizer {
     /// per token, default 0), `.token_type` (one integer per token, default 1 = normal),
     /// `.bos_token_id`, `.eos_token_id`, `.unknown_token_id` (llama: default the piece `<unk>`
     /// if present), `.add_bos_token` (llama: default true), `.add_eos_token` (default false),
-    /// `.add_space_prefix` (llama: default true); gpt2 also `.merges`, `.pre`.
+    /// `.add_space_prefix` (llama: default true); gpt2 also `.merges`, `.pre`, `.byte_fallback`,
+    /// `.ignore_merges` and candle's `.unk_token_id`, `.pad_token_id`, `.sep_token_id`.
+    ///
+    /// Special token ids (every `tokenizer.ggml.*_token_id` key) are integers of any GGUF
+    /// integer type. -1 in a signed type, or the largest value of an unsigned type (the bits of
+    /// llama.cpp's `LLAMA_TOKEN_NULL` = -1), means "no such token". Any other value outside
+    /// `0..n_tokens`:
+    /// - for `bos_token_id` and `eos_token_id` is an error: the file is corrupt (a generation
+    ///   loop needs them right; we do not run such a file);
+    /// - for every other key (`unknown_token_id`, `padding_token_id`, `seperator_token_id` (sic,
+    ///   llama.cpp's spelling), `separator_token_id`, candle's `unk` / `pad` / `sep`, `cls`,
+    ///   `mask`, ...) is one warning in [`GgufTokenizer::warnings`] naming the key and the value,
+    ///   and the id is ignored (the unknown token then defaults to the piece `<unk>`), as
+    ///   llama.cpp's `llama_vocab::impl::load` (`src/llama-vocab.cpp`) does: "bad special token:
+    ///   ... using default id". So files llama.cpp runs still load.
+    ///
+    /// A special id that is not an integer is an error for the keys this tokenizer reads
+    /// (BOS, EOS, llama's `unknown_token_id`, gpt2's candle keys) and a warning for the others.
     ///
     /// Errors: [`EngineError::Unsupported`] for a kind other than `llama` / `gpt2`;
-    /// [`EngineError::Tokenizer`] naming the key for missing or malformed metadata (array
-    /// lengths that differ from the token count, wrong types) or a BOS/EOS piece that a
-    /// `TemplateProcessing` cannot name (one containing `:`). [`crate::load_gguf`] reports these
-    /// as `InvalidModel` with the file's path.
+    /// [`EngineError::Tokenizer`] naming the key and describing the value for missing or
+    /// malformed metadata (array lengths that differ from the token count, wrong types), a BOS or
+    /// EOS id outside the vocabulary, or a BOS/EOS piece that a `TemplateProcessing` cannot name
+    /// (one containing `:`). Messages escape text from the file and are at most
+    /// [`crate::error::MAX_MESSAGE_BYTES`] long. [`crate::load_gguf`] reports these as
+    /// `InvalidModel` with the file's path.
     pub fn from_gguf(content: &gguf_file::Content) -> Result<Self> {
         let kind = md_str(content, "tokenizer.ggml.model")
             .map_err(EngineError::Tokenizer)?
@@ -105,15 +144,17 @@ impl GgufTokenizer {
         match kind {
             "llama" => llama_tokenizer(content),
             "gpt2" => gpt2_tokenizer(content),
-            other => Err(EngineError::Unsupported(format!(
-                "tokenizer kind `{other}` (tokenizer.ggml.model); supported: llama, gpt2"
-            ))),
+            other => Err(EngineError::Unsupported(bounded(format!(
+                "tokenizer kind {} (tokenizer.ggml.model); supported: llama, gpt2",
+                quote(other.as_bytes())
+            )))),
         }
     }
 }
 
+/// A tokenizer error, its message [`bounded`].
 fn tok_err(message: impl Into<String>) -> EngineError {
-    EngineError::Tokenizer(message.into())
+    EngineError::Tokenizer(bounded(message))
 }
 
 /// The `tokenizer.ggml.tokens` strings.
@@ -134,8 +175,8 @@ fn token_strings(content: &gguf_file::Content) -> Result<Vec<String>> {
         .map(|(i, v)| match v {
             Value::String(s) => Ok(s.clone()),
             other => Err(tok_err(format!(
-                "`{key}`[{i}] is a {:?}, expected a string",
-                other.value_type()
+                "`{key}`[{i}] is {}, expected a string",
+                describe(other)
             ))),
         })
         .collect()
@@ -160,28 +201,114 @@ fn per_token<T>(
     values
         .iter()
         .enumerate()
-        .map(|(i, v)| f(v).ok_or_else(|| tok_err(format!("`{key}`[{i}] is {v:?}"))))
+        .map(|(i, v)| f(v).ok_or_else(|| tok_err(format!("`{key}`[{i}] is {}", describe(v)))))
         .collect::<Result<Vec<T>>>()
         .map(Some)
 }
 
-/// A special-token id: `None` when the key is absent or the id is out of range (GGUF files use
-/// -1 / 0xFFFFFFFF for "none"); an error when it is not an integer.
-fn special_id(content: &gguf_file::Content, key: &str, n_tokens: usize) -> Result<Option<u32>> {
+/// What a special-token id key holds (see [`GgufTokenizer::from_gguf`]).
+enum SpecialId {
+    /// The key is absent or says "no such token" (-1, or an unsigned type's largest value).
+    Absent,
+    /// A token id below the vocabulary size.
+    Id(u32),
+    /// Any other integer: outside the vocabulary.
+    OutOfRange(i128),
+}
+
+/// The special-token id at `key` for a vocabulary of `n_tokens` (at most `u32::MAX`, checked by
+/// [`token_strings`]); `Err` (a message naming the key) when it is not an integer.
+fn special_id(
+    content: &gguf_file::Content,
+    key: &str,
+    n_tokens: usize,
+) -> std::result::Result<SpecialId, String> {
     let Some(value) = content.metadata.get(key) else {
-        return Ok(None);
+        return Ok(SpecialId::Absent);
     };
-    let id = match value {
-        Value::I8(_) | Value::I16(_) | Value::I32(_) | Value::I64(_) => value_to_u64(value),
-        _ => Some(value_to_u64(value).ok_or_else(|| {
-            tok_err(format!(
-                "metadata `{key}` is {value:?}, expected an integer"
+    let (v, none): (i128, bool) = match *value {
+        Value::U8(v) => (v.into(), v == u8::MAX),
+        Value::U16(v) => (v.into(), v == u16::MAX),
+        Value::U32(v) => (v.into(), v == u32::MAX),
+        Value::U64(v) => (v.into(), v == u64::MAX),
+        Value::I8(v) => (v.into(), v == -1),
+        Value::I16(v) => (v.into(), v == -1),
+        Value::I32(v) => (v.into(), v == -1),
+        Value::I64(v) => (v.into(), v == -1),
+        _ => {
+            return Err(format!(
+                "metadata {} is {}, expected an integer token id",
+                quote(key.as_bytes()),
+                describe(value)
             ))
-        })?),
+        }
     };
-    Ok(id
-        .filter(|&id| id < n_tokens as u64)
-        .and_then(|id| u32::try_from(id).ok()))
+    Ok(match u32::try_from(v) {
+        Ok(id) if (id as usize) < n_tokens => SpecialId::Id(id),
+        _ if none => SpecialId::Absent,
+        _ => SpecialId::OutOfRange(v),
+    })
+}
+
+/// The BOS or EOS id at `key`: an error when it is not an integer or lies outside the
+/// vocabulary of `n_tokens`.
+fn strict_special_id(
+    content: &gguf_file::Content,
+    key: &str,
+    n_tokens: usize,
+) -> Result<Option<u32>> {
+    match special_id(content, key, n_tokens).map_err(tok_err)? {
+        SpecialId::Absent => Ok(None),
+        SpecialId::Id(id) => Ok(Some(id)),
+        SpecialId::OutOfRange(v) => Err(tok_err(format!(
+            "metadata `{key}` is {v}, outside the vocabulary of {n_tokens} tokens \
+             (`tokenizer.ggml.tokens`)"
+        ))),
+    }
+}
+
+/// Checks every `tokenizer.ggml.*_token_id` key other than BOS and EOS, in key order: one
+/// warning (llama.cpp's "bad special token") for each whose id lies outside the vocabulary, and
+/// for each that is not an integer unless it is one of `read` (the keys the tokenizer uses),
+/// which is then an error. At most [`MAX_WARNINGS`] warnings, then one that counts the rest.
+fn check_special_ids(
+    content: &gguf_file::Content,
+    n_tokens: usize,
+    read: &[&str],
+    warnings: &mut Vec<String>,
+) -> Result<()> {
+    let mut keys: Vec<&str> = content
+        .metadata
+        .keys()
+        .map(String::as_str)
+        .filter(|k| {
+            k.starts_with("tokenizer.ggml.")
+                && k.ends_with("_token_id")
+                && *k != BOS_KEY
+                && *k != EOS_KEY
+        })
+        .collect();
+    keys.sort_unstable();
+    let mut found = Vec::new();
+    for key in keys {
+        match special_id(content, key, n_tokens) {
+            Ok(SpecialId::OutOfRange(v)) => found.push(format!(
+                "bad special token: metadata {} is {v}, outside the vocabulary of {n_tokens} \
+                 tokens; ignored, as llama.cpp does",
+                quote(key.as_bytes())
+            )),
+            Ok(_) => {}
+            Err(message) if read.contains(&key) => return Err(tok_err(message)),
+            Err(message) => found.push(format!("{message}; ignored")),
+        }
+    }
+    let more = found.len().saturating_sub(MAX_WARNINGS);
+    found.truncate(MAX_WARNINGS);
+    warnings.extend(found.into_iter().map(bounded));
+    if more > 0 {
+        warnings.push(format!("... and {more} more bad special tokens, ignored"));
+    }
+    Ok(())
 }
 
 /// SentencePiece BPE merges from piece scores, as Hugging Face's `generate_merges`
@@ -256,10 +383,17 @@ fn llama_tokenizer(content: &gguf_file::Content) -> Result<GgufTokenizer> {
     .unwrap_or_else(|| vec![0.0; n]);
     let types = per_token(content, "tokenizer.ggml.token_type", n, value_to_u64)?
         .unwrap_or_else(|| vec![1; n]);
-    let bos = special_id(content, "tokenizer.ggml.bos_token_id", n)?;
-    let eos = special_id(content, "tokenizer.ggml.eos_token_id", n)?;
-    let unk = special_id(content, "tokenizer.ggml.unknown_token_id", n)?
-        .or_else(|| tokens.iter().position(|t| t == "<unk>").map(|i| i as u32));
+    let bos = strict_special_id(content, BOS_KEY, n)?;
+    let eos = strict_special_id(content, EOS_KEY, n)?;
+    let mut warnings = Vec::new();
+    check_special_ids(content, n, &[UNKNOWN_KEY], &mut warnings)?;
+    let unk = match special_id(content, UNKNOWN_KEY, n).map_err(tok_err)? {
+        SpecialId::Id(id) => Some(id),
+        // Absent, or out of range (warned about above): llama.cpp's default, the `<unk>` piece.
+        SpecialId::Absent | SpecialId::OutOfRange(_) => {
+            tokens.iter().position(|t| t == "<unk>").map(|i| i as u32)
+        }
+    };
     let flag = |key: &str, default: bool| -> Result<bool> {
         Ok(md_bool(content, key).map_err(tok_err)?.unwrap_or(default))
     };
@@ -342,6 +476,7 @@ fn llama_tokenizer(content: &gguf_file::Content) -> Result<GgufTokenizer> {
         bos_token_id: bos,
         eos_token_id: eos,
         kind: TokenizerKind::Llama,
+        warnings,
     })
 }
 
@@ -359,7 +494,8 @@ fn bos_eos_template(
         let token = tokens[id as usize].clone();
         if token.contains(':') || token.starts_with('$') || token.is_empty() {
             return Err(tok_err(format!(
-                "special token {id} `{token}` cannot be named in a post-processor template"
+                "special token {id} {} cannot be named in a post-processor template",
+                quote(token.as_bytes())
             )));
         }
         Ok((token, id))
@@ -400,15 +536,55 @@ fn bos_eos_template(
     Ok(Some(template))
 }
 
-/// The `tokenizer.ggml.model = "gpt2"` tokenizer, built by candle.
+/// The `tokenizer.ggml.model = "gpt2"` tokenizer, built by candle. The metadata candle reads is
+/// checked first, so that its errors (which print whole values) do not happen; any that still
+/// does is [`bounded`].
 fn gpt2_tokenizer(content: &gguf_file::Content) -> Result<GgufTokenizer> {
     let n = token_strings(content)?.len();
+    let bos = strict_special_id(content, BOS_KEY, n)?;
+    let eos = strict_special_id(content, EOS_KEY, n)?;
+    let mut warnings = Vec::new();
+    check_special_ids(content, n, &GPT2_READ_KEYS, &mut warnings)?;
+    let key = "tokenizer.ggml.merges";
+    let merges = md_array(content, key)
+        .map_err(tok_err)?
+        .ok_or_else(|| tok_err(format!("missing metadata key `{key}`")))?;
+    for (i, merge) in merges.iter().enumerate() {
+        if !matches!(merge, Value::String(m) if m.contains(' ')) {
+            return Err(tok_err(format!(
+                "`{key}`[{i}] is {}, expected a string of two pieces separated by a space",
+                describe(merge)
+            )));
+        }
+    }
+    let any_integer = |v: &Value| {
+        matches!(
+            v,
+            Value::U8(_)
+                | Value::I8(_)
+                | Value::U16(_)
+                | Value::I16(_)
+                | Value::U32(_)
+                | Value::I32(_)
+                | Value::U64(_)
+                | Value::I64(_)
+        )
+        .then_some(())
+    };
+    per_token(content, "tokenizer.ggml.token_type", n, any_integer)?;
+    for key in [
+        "tokenizer.ggml.byte_fallback",
+        "tokenizer.ggml.ignore_merges",
+    ] {
+        md_bool(content, key).map_err(tok_err)?;
+    }
     let tokenizer = Tokenizer::from_gguf(content).map_err(|e| tok_err(candle_message(&e)))?;
     Ok(GgufTokenizer {
         tokenizer,
-        bos_token_id: special_id(content, "tokenizer.ggml.bos_token_id", n)?,
-        eos_token_id: special_id(content, "tokenizer.ggml.eos_token_id", n)?,
+        bos_token_id: bos,
+        eos_token_id: eos,
         kind: TokenizerKind::Gpt2,
+        warnings,
     })
 }
 

@@ -52,7 +52,59 @@ fn zero_alignment_is_an_invalid_model_not_a_panic() -> Result<()> {
         |md| common::set_metadata(md, "general.alignment", Value::U32(0)),
         |_, t| Ok(Some(t)),
     )?;
-    expect_invalid_model(load_gguf(&file.0, &Device::Cpu), "alignment 0");
+    let message = expect_invalid_model(load_gguf(&file.0, &Device::Cpu), "alignment 0");
+    assert_eq!(
+        message,
+        "metadata `general.alignment` is 0; it must be a power of two, at least 8"
+    );
+    Ok(())
+}
+
+#[test]
+fn model_paths_that_are_not_regular_files_are_named() -> Result<()> {
+    use nucleus_engine::hub::resolve_model;
+    use std::path::Path;
+    let not_found = |p: &Path| match resolve_model(Some(p)) {
+        Err(EngineError::ModelNotFound(m)) => m,
+        other => panic!("{}: expected ModelNotFound, got {other:?}", p.display()),
+    };
+    // `/dev/zero` used to be reported as "does not exist".
+    assert_eq!(
+        not_found(Path::new("/dev/zero")),
+        "/dev/zero: is not a regular file or directory (a character device); pass a GGUF file"
+    );
+    let fifo = TempFile(common::temp_path("model.fifo"));
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo.0)
+        .status()?
+        .success());
+    assert_eq!(
+        not_found(&fifo.0),
+        format!(
+            "{}: is not a regular file or directory (a FIFO); pass a GGUF file",
+            fifo.0.display()
+        )
+    );
+    // load_gguf refuses them too, without opening them (opening a FIFO blocks until a writer
+    // comes; a device has no length).
+    for (path, kind) in [
+        (fifo.0.as_path(), "a FIFO"),
+        (Path::new("/dev/zero"), "a character device"),
+        (Path::new("/tmp"), "a directory"),
+    ] {
+        let message = expect_invalid_model(load_gguf(path, &Device::Cpu), kind);
+        assert_eq!(message, format!("not a regular file ({kind})"));
+    }
+    let dir = std::env::temp_dir();
+    assert_eq!(
+        not_found(&dir),
+        format!("{}: is a directory, not a GGUF file", dir.display())
+    );
+    let missing = common::temp_path("missing.gguf");
+    assert_eq!(
+        not_found(&missing),
+        format!("{}: does not exist", missing.display())
+    );
     Ok(())
 }
 

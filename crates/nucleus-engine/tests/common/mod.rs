@@ -1,6 +1,8 @@
 //! Shared helpers of the nucleus-engine integration tests.
 #![allow(dead_code)]
 
+pub mod raw;
+
 use std::path::{Path, PathBuf};
 
 /// The stories260K GGUF in the shared data directory (`../shared/models/` next to the repo),
