@@ -8,8 +8,11 @@ use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use serde_json::Value;
 
+use crate::depth::{
+    json_text_depth, lark_depth, schema_depth, COMPILE_STACK_BYTES, MAX_GRAMMAR_DEPTH,
+};
 use crate::error::{GrammarError, Result};
-use crate::matcher::GrammarMatcher;
+use crate::matcher::{on_stack, GrammarMatcher};
 use crate::tokenizer::TokenEnv;
 
 /// The kind of a grammar: how its text is read.
@@ -120,7 +123,7 @@ impl CompiledGrammar {
             .template
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        GrammarMatcher::new(template.deep_clone(), self.env.clone())
+        GrammarMatcher::new(on_stack(|| template.deep_clone()), self.env.clone())
     }
 
     /// The grammar's kind.
@@ -215,9 +218,17 @@ impl GrammarCompiler {
 
     /// Compiles `spec` with `options`, or returns the cached result.
     ///
+    /// Compilation runs on a thread of its own with a 64 MiB stack, after the grammar's depth
+    /// is bounded (see [`MAX_GRAMMAR_DEPTH`]), so no grammar can overflow a stack; the
+    /// grammar's first mask is computed once here, so that a grammar that can never produce a
+    /// token is a compile error rather than a failure of every request's first step.
+    ///
     /// Errors: [`GrammarError::InvalidSchemaJson`] for JSON Schema text that is not JSON;
+    /// [`GrammarError::TooDeep`] for a grammar nested deeper than [`MAX_GRAMMAR_DEPTH`];
     /// [`GrammarError::Compile`] with llguidance's message for a grammar it rejects
-    /// (unsupported JSON Schema keywords such as `oneOf`, a bad regex, a Lark syntax error).
+    /// (unsupported JSON Schema keywords such as `oneOf`, a bad regex, a Lark syntax error,
+    /// a grammar too large for llguidance's limits), or one that matches no text at all (a
+    /// JSON Schema `{"$ref": "#"}`).
     pub fn compile(
         &self,
         spec: &GrammarSpec,
@@ -297,22 +308,79 @@ impl GrammarCompiler {
             .clear();
     }
 
+    /// Compiles `spec` on a thread of its own whose stack (`COMPILE_STACK_BYTES`, 64 MiB) holds
+    /// llguidance's recursion for any grammar within [`MAX_GRAMMAR_DEPTH`], so the caller's
+    /// stack (2 MiB on tokio's blocking threads and most spawned threads) does not matter.
     fn compile_uncached(
+        &self,
+        spec: &GrammarSpec,
+        options: &GrammarOptions,
+    ) -> Result<CompiledGrammar> {
+        let kind = spec.kind();
+        std::thread::scope(|scope| {
+            let thread = std::thread::Builder::new()
+                .name("nucleus-grammar-compile".to_string())
+                .stack_size(COMPILE_STACK_BYTES)
+                .spawn_scoped(scope, || self.compile_here(spec, options))
+                .map_err(|e| GrammarError::Compile {
+                    kind,
+                    message: format!("cannot start a thread to compile on: {e}"),
+                })?;
+            thread.join().unwrap_or_else(|_| {
+                Err(GrammarError::Compile {
+                    kind,
+                    message: "internal error: compilation panicked".to_string(),
+                })
+            })
+        })
+    }
+
+    /// Checks the depth of `spec`, compiles it with llguidance, and computes its first mask
+    /// once, so that a grammar that can never produce a token fails here rather than at every
+    /// request's first step.
+    fn compile_here(
         &self,
         spec: &GrammarSpec,
         options: &GrammarOptions,
     ) -> Result<CompiledGrammar> {
         let _span = tracing::debug_span!("grammar_compile", kind = %spec.kind()).entered();
         let kind = spec.kind();
+        let too_deep = |depth: u64, what: &'static str| GrammarError::TooDeep {
+            kind,
+            depth,
+            limit: MAX_GRAMMAR_DEPTH,
+            what,
+        };
         let grammar = match spec {
             GrammarSpec::JsonSchema(text) => {
-                let mut schema: Value = serde_json::from_str(text)
+                let nesting = json_text_depth(text.as_bytes());
+                if nesting > MAX_GRAMMAR_DEPTH {
+                    return Err(too_deep(
+                        nesting as u64,
+                        "levels of nested JSON arrays and objects",
+                    ));
+                }
+                // Within the bound just checked, so the parser's own limit (128) is not needed.
+                let mut de = serde_json::Deserializer::from_str(text);
+                de.disable_recursion_limit();
+                let mut schema = serde::Deserialize::deserialize(&mut de)
+                    .and_then(|v: Value| de.end().map(|()| v))
                     .map_err(|e| GrammarError::InvalidSchemaJson(e.to_string()))?;
+                let depth = schema_depth(&schema);
+                if depth > MAX_GRAMMAR_DEPTH as u64 {
+                    return Err(too_deep(depth, "levels of nested subschemas and `$ref`s"));
+                }
                 apply_json_options(&mut schema, options);
                 TopLevelGrammar::from_json_schema(schema)
             }
             GrammarSpec::Regex(rx) => TopLevelGrammar::from_regex(rx),
-            GrammarSpec::Lark(text) => TopLevelGrammar::from_lark(text.clone()),
+            GrammarSpec::Lark(text) => {
+                let depth = lark_depth(text);
+                if depth > MAX_GRAMMAR_DEPTH as u64 {
+                    return Err(too_deep(depth, "levels of rule references"));
+                }
+                TopLevelGrammar::from_lark(text.clone())
+            }
         };
         let compiled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             Matcher::new(self.factory.create_parser(grammar))
@@ -322,7 +390,28 @@ impl GrammarCompiler {
             message: "llguidance panicked while compiling".to_string(),
         })?;
         if let Some(message) = template.get_error() {
-            return Err(GrammarError::Compile { kind, message });
+            return Err(GrammarError::compile(kind, &message));
+        }
+        // The first step, on a copy: errors that llguidance only finds when it computes a mask
+        // or takes a token (a grammar that matches nothing, a lexer whose states explode, as
+        // with `a{1000}{1000}`) belong to the grammar, not to every request's first step.
+        let mut probe = template.deep_clone();
+        let first = probe
+            .compute_mask_or_eos()
+            .map_err(|e| first_step_error(kind, &e.to_string()))?;
+        let eos = self.env.eos_token_ids();
+        if let Some(token) = first.iter().find(|t| !eos.contains(t)) {
+            // Only a lexer limit counts here: that one token may lead to a dead end (`ac|b`
+            // after `a`, with no token `c`) while others do not.
+            let step = probe
+                .consume_token(token)
+                .and_then(|()| probe.compute_mask_or_eos().map(drop));
+            if let Err(e) = step {
+                let message = e.to_string();
+                if is_lexer_limit(&message) {
+                    return Err(first_step_error(kind, &message));
+                }
+            }
         }
         let warnings = template.grammar_warnings();
         Ok(CompiledGrammar {
@@ -332,6 +421,34 @@ impl GrammarCompiler {
             warnings,
         })
     }
+}
+
+/// Whether llguidance's error `message` is one of its lexer's limits (derivre's
+/// `too many expressions constructed`, `too many states`, a lexer `too complex`).
+fn is_lexer_limit(message: &str) -> bool {
+    message.contains("too many expressions")
+        || message.contains("too many states")
+        || message.contains("too complex")
+}
+
+/// The compile error for llguidance's error `message` in a grammar's first step.
+fn first_step_error(kind: GrammarKind, message: &str) -> GrammarError {
+    let message = if message.contains("NoExtensionBias") {
+        "the grammar matches no text: no token can begin a text it accepts and the empty text \
+         does not match it (e.g. a JSON Schema whose `$ref` leads only back to itself, such as \
+         {\"$ref\": \"#\"}, or a grammar that needs characters no token of this vocabulary has)"
+            .to_string()
+    } else if is_lexer_limit(message) {
+        format!(
+            "the grammar is too large for llguidance's lexer ({}): counted repetitions of \
+             hundreds of thousands of copies, such as `a{{300000}}` or `a{{1000}}{{1000}}`, \
+             make more states than it can build",
+            message.lines().next().unwrap_or("").trim()
+        )
+    } else {
+        message.to_string()
+    };
+    GrammarError::compile(kind, &message)
 }
 
 /// Writes `options` into the schema's top-level `x-guidance` object (llguidance's per-schema

@@ -10,7 +10,7 @@ use crate::GrammarKind;
 ///   [`NoEosToken`](Self::NoEosToken), [`TokenOutOfRange`](Self::TokenOutOfRange) (an EOS id
 ///   at or above the vocabulary size);
 /// - compiling ([`crate::GrammarCompiler::compile`]): [`InvalidSchemaJson`](Self::InvalidSchemaJson),
-///   [`Compile`](Self::Compile);
+///   [`TooDeep`](Self::TooDeep), [`Compile`](Self::Compile);
 /// - a matcher ([`crate::GrammarMatcher`]): [`TokenRejected`](Self::TokenRejected),
 ///   [`TokenOutOfRange`](Self::TokenOutOfRange), [`Ended`](Self::Ended),
 ///   [`RollbackTooFar`](Self::RollbackTooFar), [`BitmaskTooShort`](Self::BitmaskTooShort),
@@ -63,13 +63,32 @@ pub enum GrammarError {
     InvalidSchemaJson(String),
     /// llguidance could not compile the grammar; the message is llguidance's and names the
     /// problem (e.g. `oneOf constraints are not supported`, a regex syntax error, a Lark
-    /// parse error with its line).
+    /// parse error with its line), or says that the grammar matches no text or is too large
+    /// for llguidance's lexer. Control characters in it are escaped, lines are cut at
+    /// [`MAX_MESSAGE_LINE`] characters and the message at [`MAX_MESSAGE_LINES`] lines.
     #[error("{kind} does not compile: {message}")]
     Compile {
         /// What was being compiled.
         kind: GrammarKind,
         /// llguidance's message.
         message: String,
+    },
+    /// The grammar nests deeper than [`crate::MAX_GRAMMAR_DEPTH`] (an upper bound on the depth
+    /// of llguidance's recursion when compiling it: JSON nesting and `$ref` chains, Lark rule
+    /// chains); refused before llguidance sees it, so that compilation cannot overflow the
+    /// stack.
+    #[error(
+        "{kind} does not compile: it nests too deeply, up to {depth} {what}; the limit is {limit}"
+    )]
+    TooDeep {
+        /// What was being compiled.
+        kind: GrammarKind,
+        /// The depth found (an upper bound of the recursion it would need).
+        depth: u64,
+        /// [`crate::MAX_GRAMMAR_DEPTH`].
+        limit: usize,
+        /// What is counted, e.g. "levels of nested subschemas and `$ref`s".
+        what: &'static str,
     },
     /// The grammar does not allow this token here. The matcher is unchanged and still usable.
     #[error("token {token} ({text:?}) is not allowed by the grammar here")]
@@ -118,12 +137,53 @@ pub enum GrammarError {
     Matcher(String),
 }
 
+/// The longest line of a [`GrammarError::Compile`] message, in characters.
+pub const MAX_MESSAGE_LINE: usize = 200;
+/// The most lines of a [`GrammarError::Compile`] message.
+pub const MAX_MESSAGE_LINES: usize = 12;
+
 impl GrammarError {
+    /// [`GrammarError::Compile`] with llguidance's `message` made fit for a terminal: a panic's
+    /// `<backtrace>` dropped, control characters other than newlines escaped (`\u{1b}`), every
+    /// line cut at [`MAX_MESSAGE_LINE`] characters and the message at [`MAX_MESSAGE_LINES`]
+    /// lines (a Lark error quotes the grammar's lines, which may be megabytes long).
+    pub(crate) fn compile(kind: GrammarKind, message: &str) -> Self {
+        let message = message.split("<backtrace>").next().unwrap_or("").trim_end();
+        let mut out = String::new();
+        for (i, line) in message.lines().enumerate() {
+            if i == MAX_MESSAGE_LINES {
+                out.push_str("\n...");
+                break;
+            }
+            if i > 0 {
+                out.push('\n');
+            }
+            for (chars, c) in line.chars().enumerate() {
+                if chars == MAX_MESSAGE_LINE {
+                    out.push_str("...");
+                    break;
+                }
+                if c.is_control() {
+                    out.extend(c.escape_default());
+                } else {
+                    out.push(c);
+                }
+            }
+        }
+        GrammarError::Compile { kind, message: out }
+    }
+
     /// [`GrammarError::Matcher`] with llguidance's message cut to its first line: the lines
     /// after it are a dump of the parser's internal state, not something a user can act on.
     pub(crate) fn matcher(message: &str) -> Self {
         let first = message.lines().next().unwrap_or("").trim();
         let first = first.split("<state>").next().unwrap_or(first).trim();
+        if first.contains("too many expressions constructed") {
+            return GrammarError::Matcher(format!(
+                "{first}: the grammar is too large for llguidance's lexer from here on \
+                 (counted repetitions multiply: `a{{1000}}{{1000}}` is a million states)"
+            ));
+        }
         GrammarError::Matcher(first.to_string())
     }
 }

@@ -61,6 +61,7 @@
 //! ```
 
 mod compiler;
+mod depth;
 mod error;
 mod matcher;
 mod tokenizer;
@@ -70,7 +71,8 @@ pub use compiler::{
     CompiledGrammar, GrammarCompiler, GrammarKind, GrammarOptions, GrammarSpec,
     DEFAULT_MAX_WHITESPACE,
 };
-pub use error::{GrammarError, Result};
+pub use depth::{json_text_depth, lark_depth, schema_depth, MAX_GRAMMAR_DEPTH};
+pub use error::{GrammarError, Result, MAX_MESSAGE_LINE, MAX_MESSAGE_LINES};
 pub use matcher::{fill_bitmasks, GrammarMatcher};
 pub use tokenizer::{TokenEnv, MAX_TOKEN_BYTES, MAX_VOCAB_SIZE, SPECIAL_TOKEN_MARKER};
 pub use validate::{validate_text, Validation};

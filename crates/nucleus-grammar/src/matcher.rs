@@ -3,8 +3,16 @@
 
 use rayon::prelude::*;
 
+use crate::depth::{MATCHER_RED_ZONE_BYTES, MATCHER_STACK_BYTES};
 use crate::error::{GrammarError, Result};
 use crate::tokenizer::TokenEnv;
+
+/// Runs `f` (an llguidance call) where at least 1 MiB of stack is left: on the caller's stack
+/// when it has that much, else on a fresh 8 MiB one (stacker), so a matcher works on any
+/// thread whatever its stack size. Costs a comparison of the stack pointer when there is room.
+pub(crate) fn on_stack<R>(f: impl FnOnce() -> R) -> R {
+    stacker::maybe_grow(MATCHER_RED_ZONE_BYTES, MATCHER_STACK_BYTES, f)
+}
 
 /// One request's position in a compiled grammar (a wrapper of llguidance's `Matcher`).
 ///
@@ -89,7 +97,7 @@ impl GrammarMatcher {
             row.fill(0);
             return Ok(());
         }
-        let mask = match self.inner.compute_mask_or_eos() {
+        let mask = match on_stack(|| self.inner.compute_mask_or_eos()) {
             Ok(mask) => mask,
             Err(e) => {
                 row.fill(0);
@@ -131,7 +139,7 @@ impl GrammarMatcher {
             return usize::from(self.env.is_eos(tokens[0]));
         }
         // llguidance counts an EOS when the parser accepts there, and stops after it.
-        self.inner.validate_tokens(tokens).unwrap_or(0)
+        on_stack(|| self.inner.validate_tokens(tokens)).unwrap_or(0)
     }
 
     /// Commits `token`, the token sampled for this request, advancing the grammar.
@@ -164,8 +172,7 @@ impl GrammarMatcher {
             self.eos = Some(token);
             return Ok(());
         }
-        self.inner
-            .consume_token(token)
+        on_stack(|| self.inner.consume_token(token))
             .map_err(|e| GrammarError::matcher(&e.to_string()))?;
         self.consumed += 1;
         Ok(())
@@ -210,8 +217,7 @@ impl GrammarMatcher {
             n -= 1;
         }
         if n > 0 {
-            self.inner
-                .rollback(n)
+            on_stack(|| self.inner.rollback(n))
                 .map_err(|e| GrammarError::matcher(&e.to_string()))?;
             self.consumed -= n;
         }
@@ -232,7 +238,7 @@ impl GrammarMatcher {
             // Stopped without error: complete and not extensible.
             return true;
         }
-        self.inner.is_accepting().unwrap_or(false)
+        on_stack(|| self.inner.is_accepting()).unwrap_or(false)
     }
 
     /// Whether the grammar can take no more text: an EOS was committed, or the committed text

@@ -496,7 +496,7 @@ fn batch_fills_equal_single_fills_and_errors_stay_per_row() {
 }
 
 #[test]
-fn a_grammar_the_vocabulary_cannot_spell_is_a_matcher_error_not_a_panic() {
+fn a_grammar_the_vocabulary_cannot_spell_is_an_error_not_a_panic() {
     // Only the bytes a and b, plus EOS.
     let env = TokenEnv::from_token_bytes(
         vec![b"a".to_vec(), b"b".to_vec(), b"\xFF</s>".to_vec()],
@@ -505,8 +505,24 @@ fn a_grammar_the_vocabulary_cannot_spell_is_a_matcher_error_not_a_panic() {
     )
     .unwrap();
     let c = GrammarCompiler::new(env).unwrap();
-    let mut m = c.matcher(&GrammarSpec::Regex("c".into()), &opts()).unwrap();
+    // No token can begin `c`: found when compiling (the grammar's first mask).
+    match c.matcher(&GrammarSpec::Regex("c".into()), &opts()) {
+        Err(GrammarError::Compile { message, .. }) => {
+            assert!(
+                message.starts_with("the grammar matches no text"),
+                "{message}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    // `ac|b` compiles (`b` can be spelt); after `a` the vocabulary is stuck: a matcher error.
+    let mut m = c
+        .matcher(&GrammarSpec::Regex("ac|b".into()), &opts())
+        .unwrap();
     let mut row = vec![u32::MAX; 1];
+    m.fill_bitmask(&mut row).unwrap();
+    assert_eq!(row, [0b011]);
+    m.commit(0).unwrap();
     let e = m.fill_bitmask(&mut row).unwrap_err();
     assert!(matches!(e, GrammarError::Matcher(_)), "{e}");
     assert_eq!(row, [0]);
@@ -514,7 +530,7 @@ fn a_grammar_the_vocabulary_cannot_spell_is_a_matcher_error_not_a_panic() {
     assert!(matches!(m.commit(0), Err(GrammarError::Matcher(_))));
     assert!(matches!(m.rollback(0), Ok(())));
     assert_eq!(m.validate_tokens(&[0]), 0);
-    // Other requests of the same grammar are unaffected until they hit the same wall.
+    // Other grammars of the same compiler are unaffected.
     let mut other = c
         .matcher(&GrammarSpec::Regex("a|c".into()), &opts())
         .unwrap();
@@ -711,24 +727,31 @@ fn forced_text_spelling_a_special_token_is_written_as_text() {
 #[test]
 fn a_grammar_engine_limit_is_an_error_not_a_verdict() {
     let compiler = minimind_compiler();
-    // 300,000 a's: MiniMind tokenises them into about 250,000 tokens, past llguidance's lexer
-    // limit for this regex.
+    // llguidance's lexer runs out of states on the first `a` of `a{300000}`: found when
+    // compiling (the grammar's first step), so never a verdict on the text.
     let spec = GrammarSpec::Regex("a{300000}".into());
     match validate_text(&compiler, &spec, &opts(), &"a".repeat(300_000)) {
-        Err(GrammarError::Matcher(message)) => {
+        Err(GrammarError::Compile { message, .. }) => {
             assert!(
                 !message.contains('\n') && !message.contains("<state>"),
                 "{message}"
             );
-            assert!(!message.is_empty());
+            assert!(
+                message.starts_with("the grammar is too large for llguidance's lexer"),
+                "{message}"
+            );
         }
         other => panic!("{other:?}"),
     }
+    // A Lark grammar whose rules only lead to each other matches nothing.
     let unsatisfiable = GrammarSpec::Lark("start: a\na: b\nb: a\n".into());
-    if let Ok(mut m) = compiler.matcher(&unsatisfiable, &opts()) {
-        let mut row = vec![0u32; compiler.token_env().bitmask_words()];
-        if let Err(e) = m.fill_bitmask(&mut row) {
-            assert!(!e.to_string().contains('\n'), "{e}");
+    match compiler.matcher(&unsatisfiable, &opts()) {
+        Err(GrammarError::Compile { message, .. }) => {
+            assert!(
+                message.starts_with("the grammar matches no text"),
+                "{message}"
+            )
         }
+        other => panic!("{other:?}"),
     }
 }
