@@ -278,12 +278,21 @@ impl TokenEnv {
         ((token as usize) < self.inner.vocab_size).then(|| self.trie().token(token))
     }
 
-    /// The text of `token` for messages: its bytes without the special-token marker, invalid
-    /// UTF-8 replaced by U+FFFD; `""` for an id without bytes or out of range.
+    /// The text of `token` for messages: its bytes without the special-token marker, each
+    /// byte that is not part of valid UTF-8 written `<0xE7>` (SentencePiece's name for a byte
+    /// token: a token holding one byte of a multi-byte character is shown as that byte, not as
+    /// U+FFFD); `""` for an id without bytes or out of range.
     pub fn token_text(&self, token: u32) -> String {
         let bytes = self.token_bytes(token).unwrap_or(&[]);
         let bytes = bytes.strip_prefix(&[SPECIAL_TOKEN_MARKER]).unwrap_or(bytes);
-        String::from_utf8_lossy(bytes).into_owned()
+        let mut text = String::new();
+        for chunk in bytes.utf8_chunks() {
+            text.push_str(chunk.valid());
+            for b in chunk.invalid() {
+                text.push_str(&format!("<0x{b:02X}>"));
+            }
+        }
+        text
     }
 
     /// Tokenises `text` as a model would generate it after a prompt: no special tokens added

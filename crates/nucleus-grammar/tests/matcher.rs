@@ -755,3 +755,27 @@ fn a_grammar_engine_limit_is_an_error_not_a_verdict() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A byte token of a multi-byte character is shown as the byte it holds, `<0xE7>`, not as
+/// U+FFFD: `猫` is E7 8C AB, three byte tokens in stories260K's SentencePiece vocabulary.
+#[test]
+fn a_rejected_byte_token_is_shown_as_its_byte() {
+    let (tok, eos, vocab) = stories_tokenizer();
+    let env = TokenEnv::from_tokenizer(&tok, &[eos], vocab).unwrap();
+    let compiler = GrammarCompiler::new(env).unwrap();
+    let verdict = validate_text(&compiler, &GrammarSpec::Regex("x".into()), &opts(), "猫").unwrap();
+    let Validation::Rejected { index, text, .. } = &verdict else {
+        panic!("{verdict:?}")
+    };
+    assert_eq!((*index, text.as_str()), (0, "<0xE7>"));
+    assert!(
+        verdict.to_string().ends_with("text \"<0xE7>\")"),
+        "{verdict}"
+    );
+    // Whole characters and ASCII are themselves.
+    let verdict = validate_text(&compiler, &GrammarSpec::Regex("x".into()), &opts(), "a").unwrap();
+    assert!(
+        matches!(&verdict, Validation::Rejected { text, .. } if text == "a"),
+        "{verdict:?}"
+    );
+}
