@@ -6,15 +6,105 @@
 //! - a SentencePiece decoder, which strips one leading space at the start of a decode, strips
 //!   it only at the start of the sequence ("beach" then "▁with" gives "beach with");
 //! - a byte-fallback sequence (`<0xE4><0xB8><0x96>`) is held back until it forms a whole UTF-8
-//!   character: a delta never ends in a broken sequence (U+FFFD) until the request finishes.
+//!   character: a delta never ends in a broken sequence (U+FFFD) until the request finishes;
+//! - bytes that never form a character (a sequence cut off by `max_tokens`, or interrupted)
+//!   become one U+FFFD per maximal invalid subsequence, as `String::from_utf8_lossy` and
+//!   Python's `errors="replace"` write them ([`ByteTokens`]), not one per byte as the
+//!   `ByteFallback` decoder of Hugging Face tokenizers does.
 //!
 //! [`StopStrings`] holds back text that may be the start of a stop string and cuts the text at
 //! the first stop string found (the stop string itself is not emitted, as in vLLM and the
 //! OpenAI API).
 
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokenizers::decoders::DecoderWrapper;
 use tokenizers::Tokenizer;
 
 use crate::error::{EngineError, Result};
+
+/// The byte tokens `<0x00>` ... `<0xFF>` of a tokenizer whose decoder has `ByteFallback`
+/// (SentencePiece models such as Llama 2's), so that runs of them decode as
+/// `String::from_utf8_lossy` does: Hugging Face's `ByteFallback` decoder writes one U+FFFD for
+/// every byte of a run that is not valid UTF-8 (`<0xE7><0x8C>` cut off by `max_tokens` gives
+/// two), where the Unicode standard's "maximal subparts" practice, followed by
+/// `from_utf8_lossy` and Python, writes one per maximal invalid subsequence (one here).
+#[derive(Clone, Debug)]
+pub struct ByteTokens {
+    byte_of: HashMap<u32, u8>,
+    id_of: [Option<u32>; 256],
+}
+
+impl ByteTokens {
+    /// The byte tokens of `tokenizer`, or `None` when its decoder has no `ByteFallback` step
+    /// (byte-level BPE decodes runs of bytes with `from_utf8_lossy` already) or its
+    /// vocabulary lacks the bytes of U+FFFD (`<0xEF><0xBF><0xBD>`).
+    pub fn new(tokenizer: &Tokenizer) -> Option<Arc<Self>> {
+        fn has_byte_fallback(d: &DecoderWrapper) -> bool {
+            match d {
+                DecoderWrapper::ByteFallback(_) => true,
+                DecoderWrapper::Sequence(s) => s.get_decoders().iter().any(has_byte_fallback),
+                _ => false,
+            }
+        }
+        if !tokenizer.get_decoder().is_some_and(has_byte_fallback) {
+            return None;
+        }
+        let mut byte_of = HashMap::new();
+        let mut id_of = [None; 256];
+        for b in 0..=255u8 {
+            if let Some(id) = tokenizer.token_to_id(&format!("<0x{b:02X}>")) {
+                byte_of.insert(id, b);
+                id_of[b as usize] = Some(id);
+            }
+        }
+        let replacement = "\u{FFFD}".as_bytes();
+        if replacement.iter().any(|&b| id_of[b as usize].is_none()) {
+            return None;
+        }
+        Some(Arc::new(Self { byte_of, id_of }))
+    }
+
+    /// `ids` with every maximal run of byte tokens that is not valid UTF-8 replaced by the
+    /// byte tokens of its `from_utf8_lossy` text, so that the tokenizer's decoder writes that
+    /// text. Borrowed when nothing changes.
+    pub fn lossy<'a>(&self, ids: &'a [u32]) -> Cow<'a, [u32]> {
+        let mut out: Option<Vec<u32>> = None;
+        let mut i = 0;
+        while i < ids.len() {
+            if !self.byte_of.contains_key(&ids[i]) {
+                if let Some(out) = &mut out {
+                    out.push(ids[i]);
+                }
+                i += 1;
+                continue;
+            }
+            let start = i;
+            while i < ids.len() && self.byte_of.contains_key(&ids[i]) {
+                i += 1;
+            }
+            let bytes: Vec<u8> = ids[start..i].iter().map(|id| self.byte_of[id]).collect();
+            match String::from_utf8_lossy(&bytes) {
+                Cow::Borrowed(_) => {
+                    if let Some(out) = &mut out {
+                        out.extend_from_slice(&ids[start..i]);
+                    }
+                }
+                Cow::Owned(text) => {
+                    let out = out.get_or_insert_with(|| ids[..start].to_vec());
+                    // Every byte of the lossy text is a byte of the run or of U+FFFD.
+                    out.extend(text.bytes().filter_map(|b| self.id_of[b as usize]));
+                }
+            }
+        }
+        match out {
+            Some(v) => Cow::Owned(v),
+            None => Cow::Borrowed(ids),
+        }
+    }
+}
 
 /// Streams text for one sequence. `ids` holds the prompt then the generated tokens.
 #[derive(Clone, Debug)]
@@ -24,6 +114,8 @@ pub struct IncrementalDecoder {
     prefix_offset: usize,
     /// End of the text already emitted.
     read_offset: usize,
+    /// The tokenizer's byte tokens, when runs of them are decoded lossily ourselves.
+    bytes: Option<Arc<ByteTokens>>,
 }
 
 impl IncrementalDecoder {
@@ -34,7 +126,15 @@ impl IncrementalDecoder {
             ids: prompt_ids.to_vec(),
             prefix_offset: prompt_ids.len().saturating_sub(6),
             read_offset: prompt_ids.len(),
+            bytes: None,
         }
+    }
+
+    /// Decodes runs of byte tokens with `from_utf8_lossy`'s replacement rule (see
+    /// [`ByteTokens`]); `None` leaves decoding to the tokenizer alone.
+    pub fn with_byte_tokens(mut self, bytes: Option<Arc<ByteTokens>>) -> Self {
+        self.bytes = bytes;
+        self
     }
 
     /// Adds one generated token and returns the text it completes (possibly empty: an
@@ -47,8 +147,9 @@ impl IncrementalDecoder {
         self.emit(tokenizer, false)
     }
 
-    /// The text held back at the end of a request (an incomplete UTF-8 tail, written with
-    /// U+FFFD as the tokenizer decodes it).
+    /// The text held back at the end of a request: an incomplete UTF-8 tail, written with
+    /// one U+FFFD per maximal invalid subsequence when [`Self::with_byte_tokens`] was given
+    /// the tokenizer's byte tokens, else as the tokenizer decodes it.
     ///
     /// # Errors
     /// As [`Self::push`].
@@ -61,8 +162,12 @@ impl IncrementalDecoder {
             return Ok(String::new());
         }
         let decode = |ids: &[u32]| {
+            let ids = match &self.bytes {
+                Some(bytes) => bytes.lossy(ids),
+                None => Cow::Borrowed(ids),
+            };
             tokenizer
-                .decode(ids, true)
+                .decode(&ids, true)
                 .map_err(|e| EngineError::Tokenizer(e.to_string()))
         };
         let prefix_text = decode(&self.ids[self.prefix_offset..self.read_offset])?;

@@ -19,6 +19,7 @@
 //! grammar may end. The sampled token is validated before it is committed; a sample whose
 //! grammar can take nothing more finishes with [`FinishReason::Stop`].
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nucleus_grammar::{GrammarCompiler, GrammarMatcher, GrammarOptions, GrammarSpec, TokenEnv};
@@ -26,7 +27,7 @@ use nucleus_sampling::{
     bitmask_words, os_seed, sample_batch, LogitsView, SampleRequest, SamplingParams,
 };
 
-use crate::detokenize::{IncrementalDecoder, StopStrings};
+use crate::detokenize::{ByteTokens, IncrementalDecoder, StopStrings};
 use crate::error::{EngineError, Result};
 use crate::kv_cache::KvCache;
 use crate::model::{LlamaModel, SeqInput};
@@ -204,6 +205,9 @@ pub struct Engine {
     vocab_size: usize,
     /// Compiles and caches grammars for this tokenizer; built at the first grammar request.
     grammars: Option<GrammarCompiler>,
+    /// The tokenizer's byte tokens, so that broken UTF-8 is decoded lossily per maximal
+    /// invalid subsequence (`None` for byte-level BPE).
+    byte_tokens: Option<Arc<ByteTokens>>,
 }
 
 impl Engine {
@@ -218,13 +222,14 @@ impl Engine {
         };
         Self {
             model,
-            tokenizer,
             config,
             seqs: Vec::new(),
             next_request_id: 0,
             metrics: Metrics::default(),
             vocab_size,
             grammars: None,
+            byte_tokens: ByteTokens::new(&tokenizer.tokenizer),
+            tokenizer,
         }
     }
 
@@ -404,7 +409,8 @@ impl Engine {
                     .into_iter()
                     .chain(request.stop_token_ids.iter().copied())
                     .collect(),
-                decoder: IncrementalDecoder::new(&prompt_ids),
+                decoder: IncrementalDecoder::new(&prompt_ids)
+                    .with_byte_tokens(self.byte_tokens.clone()),
                 stops: StopStrings::new(&request.stop_strings),
                 stop_strings: request.stop_strings.clone(),
                 matcher: compiled.as_ref().map(|g| g.matcher()),
@@ -471,7 +477,7 @@ impl Engine {
         // The cache holds every token but the last, which the next step runs through the model.
         seq.cache.truncate(total.len() - 1);
         seq.pending = vec![total[total.len() - 1]];
-        seq.decoder = IncrementalDecoder::new(&total);
+        seq.decoder = IncrementalDecoder::new(&total).with_byte_tokens(self.byte_tokens.clone());
         seq.stops = StopStrings::new(&seq.stop_strings);
         Ok(())
     }

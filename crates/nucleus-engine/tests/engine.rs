@@ -333,6 +333,75 @@ fn incremental_text_never_splits_a_utf8_character() {
     assert_eq!(text, source);
 }
 
+/// Bytes that never become a character are one U+FFFD per maximal invalid subsequence, as
+/// `String::from_utf8_lossy` (the oracle here) and Python's `errors="replace"` write them, not
+/// one per byte as Hugging Face's ByteFallback decoder does: whether the sequence is cut off at
+/// the end (`max_tokens`) or interrupted by another token.
+#[test]
+fn broken_utf8_is_one_replacement_per_maximal_invalid_subsequence() {
+    let e = engine(false);
+    let tokenizer = &e.tokenizer().tokenizer;
+    let byte = |b: u8| tokenizer.token_to_id(&format!("<0x{b:02X}>")).unwrap();
+    let a = [tokenizer.token_to_id("a").unwrap()];
+    let bytes_tokens = nucleus_engine::detokenize::ByteTokens::new(tokenizer);
+    assert!(
+        bytes_tokens.is_some(),
+        "stories260K decodes with ByteFallback"
+    );
+    // 猫 is E7 8C AB.
+    let cases: [(&[u8], bool); 6] = [
+        (b"\xE7\x8C\xAB\xE7", false),
+        (b"\xE7\x8C\xAB\xE7\x8C", false),
+        (b"\xE7\x8C", true),
+        (b"\xFF\xFE", true),
+        (b"\xF0\x9F\xA6", false),
+        (b"\xE7\x8C\xAB\xE7\x8C\xAB", false),
+    ];
+    for (bytes, then_a) in cases {
+        let mut decoder = nucleus_engine::detokenize::IncrementalDecoder::new(&[1])
+            .with_byte_tokens(bytes_tokens.clone());
+        let mut text = String::new();
+        for &b in bytes {
+            text += &decoder.push(tokenizer, byte(b)).unwrap();
+        }
+        let mut want = String::from_utf8_lossy(bytes).into_owned();
+        if then_a {
+            for &id in &a {
+                text += &decoder.push(tokenizer, id).unwrap();
+            }
+            want.push('a');
+        }
+        text += &decoder.finish(tokenizer).unwrap();
+        assert_eq!(text, want, "bytes {bytes:02X?}");
+    }
+}
+
+/// `nucleus generate --regex '猫猫' --max-tokens 4` printed 猫 and three U+FFFD: the cut-off
+/// fourth byte is one.
+#[test]
+fn a_character_cut_off_by_max_tokens_is_one_replacement_character() {
+    let mut e = engine(false);
+    for (max_tokens, want) in [(4, "猫\u{FFFD}"), (5, "猫\u{FFFD}"), (6, "猫猫")] {
+        e.add_request(Request {
+            max_tokens,
+            grammar: Some(nucleus_engine::GrammarSpec::Regex("猫猫".into())),
+            params: SamplingParams {
+                seed: Some(1),
+                ..Default::default()
+            },
+            ..Request::new("")
+        })
+        .unwrap();
+        let mut text = String::new();
+        while e.has_unfinished() {
+            for out in e.step().unwrap() {
+                text += &out.text;
+            }
+        }
+        assert_eq!(text, want, "max_tokens {max_tokens}");
+    }
+}
+
 #[test]
 fn bad_requests_are_typed_errors() {
     let mut e = engine(false);
