@@ -779,3 +779,31 @@ fn a_rejected_byte_token_is_shown_as_its_byte() {
         "{verdict:?}"
     );
 }
+
+/// README's "Known limits": an object with more than 500 optional properties fails as soon as a
+/// property name starts, in validation as in generation (llguidance's Earley row limit of
+/// 2,000 items, four per optional property); 500 work.
+#[test]
+fn more_than_500_optional_properties_fail_when_a_name_starts() {
+    let compiler = minimind_compiler();
+    let object = |n: usize| {
+        let props: serde_json::Map<String, serde_json::Value> = (0..n)
+            .map(|i| (format!("p{i}"), serde_json::json!({"type": "integer"})))
+            .collect();
+        let schema = serde_json::json!({"type": "object", "properties": props, "additionalProperties": false});
+        GrammarSpec::JsonSchema(schema.to_string())
+    };
+    let verdict = validate_text(&compiler, &object(500), &opts(), r#"{"p1": 1}"#).unwrap();
+    assert!(verdict.is_accepted(), "{verdict}");
+    match validate_text(&compiler, &object(501), &opts(), r#"{"p1": 1}"#) {
+        Err(GrammarError::Matcher(message)) => {
+            assert!(
+                message.contains("Current row has 2003 items; max is 2000"),
+                "{message}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    // Compiling (and the first step) still works: the limit is met inside the object.
+    assert!(compiler.compile(&object(600), &opts()).is_ok());
+}
