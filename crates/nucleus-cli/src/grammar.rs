@@ -222,6 +222,9 @@ fn token_env(args: &ValidateArgs) -> Result<TokenEnv> {
     }
     let path = nucleus_engine::hub::resolve_model(args.model.as_deref())?;
     let loaded = nucleus_engine::load_gguf(&path, &nucleus_engine::Device::Cpu)?;
+    for warning in &loaded.warnings {
+        eprintln!("warning: {warning}");
+    }
     let tokenizer = &loaded.tokenizer.tokenizer;
     let eos = end_tokens(tokenizer, loaded.tokenizer.eos_token_id);
     if eos.is_empty() {

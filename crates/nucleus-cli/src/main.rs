@@ -222,6 +222,9 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
     };
     let path = hub::resolve_model(args.model.as_deref())?;
     let loaded = load_gguf(&path, &candle_device())?;
+    for warning in &loaded.warnings {
+        eprintln!("warning: {warning}");
+    }
     let mut engine = Engine::new(loaded.model, loaded.tokenizer, EngineConfig::default());
 
     let streaming = args.prompt.len() == 1 && args.n == 1;

@@ -298,3 +298,134 @@ fn negative_numbers_get_range_errors_and_seeds_are_reported() {
     let again = nucleus(&[&args[..], &["--seed", &seed]].concat());
     assert_eq!(text(&again.stdout), text(&first.stdout));
 }
+
+/// Runs `nucleus` like [`nucleus`] but with `NUCLEUS_MODEL` set to `model`.
+fn nucleus_with_model_env(args: &[&str], model: &std::path::Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_nucleus"))
+        .args(args)
+        .env("NUCLEUS_MODEL", model)
+        .env(
+            "HF_HOME",
+            std::env::temp_dir().join("nucleus-cli-test-no-hub"),
+        )
+        .env("HF_HUB_OFFLINE", "1")
+        .output()
+        .expect("run nucleus")
+}
+
+#[test]
+fn model_paths_from_the_environment_and_special_files_are_named() {
+    // A path from NUCLEUS_MODEL says so (it used to read like a --model path).
+    let missing =
+        std::env::temp_dir().join(format!("nucleus-cli-missing-{}.gguf", std::process::id()));
+    let out = nucleus_with_model_env(&["generate", "--prompt", "x"], &missing);
+    assert_clean_failure(&out);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        text(&out.stderr),
+        format!(
+            "error: no model available: NUCLEUS_MODEL={}: does not exist\n",
+            missing.display()
+        )
+    );
+    // /dev/zero is not a file that does not exist, nor a model to read forever.
+    let out = nucleus_with_model_env(
+        &["generate", "--prompt", "x"],
+        std::path::Path::new("/dev/zero"),
+    );
+    assert_clean_failure(&out);
+    assert_eq!(
+        text(&out.stderr),
+        "error: no model available: NUCLEUS_MODEL=/dev/zero: is not a regular file or \
+         directory (a character device); pass a GGUF file\n"
+    );
+    let out = nucleus(&["generate", "--prompt", "x", "--model", "/dev/zero"]);
+    assert_clean_failure(&out);
+    assert_eq!(
+        text(&out.stderr),
+        "error: no model available: /dev/zero: is not a regular file or directory (a \
+         character device); pass a GGUF file\n"
+    );
+}
+
+/// A copy of the model whose `tokenizer.ggml.padding_token_id` lies outside the vocabulary.
+fn bad_padding_model(dst: &std::path::Path) {
+    use candle_core::quantized::{gguf_file, QTensor};
+    use candle_core::Device;
+    let mut reader = std::io::BufReader::new(std::fs::File::open(model_path()).unwrap());
+    let content = gguf_file::Content::read(&mut reader).unwrap();
+    let mut names: Vec<&String> = content.tensor_infos.keys().collect();
+    names.sort_by_key(|n| content.tensor_infos[*n].offset);
+    let tensors: Vec<(String, QTensor)> = names
+        .into_iter()
+        .map(|n| {
+            (
+                n.clone(),
+                content.tensor(&mut reader, n, &Device::Cpu).unwrap(),
+            )
+        })
+        .collect();
+    let padding = gguf_file::Value::U32(99_999);
+    let key = "tokenizer.ggml.padding_token_id";
+    let mut md: Vec<(&str, &gguf_file::Value)> = content
+        .metadata
+        .iter()
+        .filter(|(k, _)| k.as_str() != key)
+        .map(|(k, v)| (k.as_str(), v))
+        .collect();
+    md.push((key, &padding));
+    let ts: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let mut out = std::fs::File::create(dst).unwrap();
+    gguf_file::write(&mut out, &md, &ts).unwrap();
+}
+
+#[test]
+fn warnings_about_the_model_go_to_stderr_and_the_run_goes_on() {
+    let path = std::env::temp_dir().join(format!("nucleus-cli-pad-{}.gguf", std::process::id()));
+    bad_padding_model(&path);
+    let args = |model: &str| {
+        [
+            "generate",
+            "--model",
+            model,
+            "--prompt",
+            "Once upon a time",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "20",
+        ]
+        .map(String::from)
+    };
+    let run = |model: &str| {
+        let a = args(model);
+        nucleus(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let bad = run(path.to_str().unwrap());
+    let good = run(model_path().to_str().unwrap());
+    // grammar validate loads the model the same way.
+    let text_file = path.with_extension("txt");
+    std::fs::write(&text_file, "yes").unwrap();
+    let validate = nucleus(&[
+        "grammar",
+        "validate",
+        "--regex",
+        "yes",
+        "--text",
+        text_file.to_str().unwrap(),
+        "--model",
+        path.to_str().unwrap(),
+    ]);
+    std::fs::remove_file(&path).ok();
+    std::fs::remove_file(&text_file).ok();
+    let warning = "warning: bad special token: metadata `tokenizer.ggml.padding_token_id` is \
+                   99999, outside the vocabulary of 512 tokens; ignored, as llama.cpp does";
+    for (what, out) in [("generate", &bad), ("grammar validate", &validate)] {
+        assert!(out.status.success(), "{what}: {}", text(&out.stderr));
+        let err = text(&out.stderr);
+        let warnings: Vec<&str> = err.lines().filter(|l| l.starts_with("warning:")).collect();
+        assert_eq!(warnings, [warning], "{what}: {err}");
+    }
+    assert!(!text(&good.stderr).contains("warning:"));
+    assert_eq!(text(&bad.stdout), text(&good.stdout));
+}
