@@ -188,7 +188,7 @@ pub enum TopKTopPError {
         needed: usize,
     },
     /// `top_p` or `min_ps` is neither in the dtype of the logits nor f32.
-    #[error("`{input}` is {got}, but must be {logits} (the dtype of the logits) or f32")]
+    #[error("`{input}` is {got}, but must be {}", accepted_dtypes(.logits))]
     DtypeMismatch {
         /// `"top_p"`, or `"top_p and min_ps"` (they share one element type).
         input: &'static str,
@@ -207,6 +207,16 @@ pub enum TopKTopPError {
         /// The allowed range, in words.
         allowed: &'static str,
     },
+}
+
+/// The dtypes `top_p` and `min_ps` may have with logits of dtype `logits`, each named once:
+/// `"f32 (the dtype of the logits)"` or `"bf16 (the dtype of the logits) or f32"`.
+fn accepted_dtypes(logits: &str) -> String {
+    if logits == "f32" {
+        "f32 (the dtype of the logits)".to_string()
+    } else {
+        format!("{logits} (the dtype of the logits) or f32")
+    }
 }
 
 /// Why one row of [`top_k_top_p_sample`] has no result; the other rows are computed.
