@@ -7,8 +7,10 @@ use std::path::Path;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::answer::Reply;
+use crate::input::{read_file, shown_path, MaxInputBytes};
 use crate::sample::input::Object;
-use crate::sample::{from_json, JsonError};
+use crate::sample::{from_json, JsonError, RunError};
 
 /// Why a call got no answer: `kind` is a stable snake_case name (`invalid_json`,
 /// `invalid_call`, or the operator's own kinds), `message` says what was wrong.
@@ -41,21 +43,10 @@ impl std::fmt::Display for CallError {
     }
 }
 
-#[derive(Serialize)]
-struct ErrorLine<'a> {
-    error: &'a CallError,
-}
-
-/// One output line (without its newline): the answer, or `{"error": {...}}`.
+/// One output line (without its newline): the answer, or `{"error": {...}}`; an
+/// `allocation` error line when the answer cannot be held in memory.
 pub fn line<A: Serialize>(result: &Result<A, CallError>) -> Vec<u8> {
-    let bytes = match result {
-        Ok(answer) => serde_json::to_vec(answer),
-        Err(error) => serde_json::to_vec(&ErrorLine { error }),
-    };
-    bytes.unwrap_or_else(|e| {
-        let error = CallError::new("internal", format!("could not write the answer: {e}"));
-        serde_json::to_vec(&ErrorLine { error: &error }).unwrap_or_default()
-    })
+    crate::answer::to_line(&Reply(result.as_ref()))
 }
 
 /// Parses one JSON line into a call: `invalid_json` when it is not JSON, `invalid_call` when it
@@ -73,30 +64,31 @@ pub fn parse_call<C: DeserializeOwned>(text: &[u8]) -> Result<C, CallError> {
     }
 }
 
-/// Reads `--attrs`: the path of a file holding a JSON object, else the object itself.
+/// Reads `--attrs`: the path of an existing file holding a JSON object (read within
+/// `limit`), else the object itself.
 ///
 /// # Errors
-/// A message naming the bad field (`--attrs: expert_num: invalid type: ...`), the file whose
-/// JSON is invalid, or saying the text is neither a file nor JSON.
-pub fn read_attrs<A: DeserializeOwned>(text: &str) -> Result<A, String> {
+/// [`RunError::Usage`] for inline text that is not a valid object (naming the bad field:
+/// `--attrs: expert_num: invalid type: ...`, or saying it is neither a file nor JSON);
+/// [`RunError::Input`] for a file that cannot be read, is larger than `limit`, or does not
+/// hold a valid object.
+pub fn read_attrs<A: DeserializeOwned>(text: &str, limit: MaxInputBytes) -> Result<A, RunError> {
     let path = Path::new(text);
-    let from_file = !text.trim_start().starts_with('{') && path.is_file();
-    let bytes = if from_file {
-        std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?
-    } else {
-        text.as_bytes().to_vec()
-    };
-    let source = if from_file {
-        format!("--attrs file {}", path.display())
-    } else {
-        "--attrs".to_owned()
-    };
+    let from_file = !text.trim_start().starts_with('{') && path.exists();
+    if !from_file {
+        return match from_json::<Object<A>>(text.as_bytes()) {
+            Ok(Object(a)) => Ok(a),
+            Err(JsonError::Shape(m)) => Err(RunError::Usage(format!("--attrs: {m}"))),
+            Err(JsonError::Syntax(e)) => Err(RunError::Usage(format!(
+                "--attrs is neither a readable file nor a JSON object: {e}"
+            ))),
+        };
+    }
+    let bytes = read_file("--attrs", path, limit).map_err(|e| RunError::Input(e.to_string()))?;
+    let source = format!("--attrs file {}", shown_path(path));
     match from_json::<Object<A>>(&bytes) {
         Ok(Object(a)) => Ok(a),
-        Err(JsonError::Shape(m)) => Err(format!("{source}: {m}")),
-        Err(JsonError::Syntax(e)) if from_file => Err(format!("{source}: invalid JSON: {e}")),
-        Err(JsonError::Syntax(e)) => Err(format!(
-            "--attrs is neither a readable file nor a JSON object: {e}"
-        )),
+        Err(JsonError::Shape(m)) => Err(RunError::Input(format!("{source}: {m}"))),
+        Err(JsonError::Syntax(e)) => Err(RunError::Input(format!("{source}: invalid JSON: {e}"))),
     }
 }

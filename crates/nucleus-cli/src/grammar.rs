@@ -17,12 +17,15 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use clap::{ArgGroup, Args};
 use nucleus_grammar::{
     validate_text, GrammarCompiler, GrammarOptions, GrammarSpec, TokenEnv, Validation,
     DEFAULT_MAX_WHITESPACE,
 };
+
+use crate::input::{read_file, read_stdin, shown, shown_path, InputLimit, MaxInputBytes};
+use crate::usage::UsageError;
 
 /// The flags of `nucleus grammar validate`.
 #[derive(Args, Debug, Clone)]
@@ -48,9 +51,13 @@ pub struct ValidateArgs {
     #[arg(long, value_name = "tokenizer.json")]
     pub tokenizer: Option<PathBuf>,
     /// JSON Schema only: most whitespace characters in a row between JSON tokens (0: compact
-    /// JSON only; `none`: unbounded).
-    #[arg(long, value_name = "N", default_value = "8", value_parser = parse_max_whitespace)]
-    pub max_whitespace: MaxWhitespace,
+    /// JSON only; `none`: unbounded). Default 8; an error without --json-schema.
+    #[arg(long, value_name = "N", value_parser = parse_max_whitespace)]
+    pub max_whitespace: Option<MaxWhitespace>,
+    /// `--max-input-bytes`: most bytes of the --text, --grammar, --json-schema and --tokenizer
+    /// files (not of a GGUF model).
+    #[command(flatten)]
+    pub limit: InputLimit,
 }
 
 /// The value of `--max-whitespace`: a bound, or `none`.
@@ -116,52 +123,91 @@ pub fn validate_command(args: &ValidateArgs) -> ExitCode {
 
 /// The verdict of `nucleus grammar validate` for `args`.
 ///
-/// Errors: unreadable files, a tokenizer or model that cannot be loaded, a grammar that does
-/// not compile (with llguidance's message).
+/// Errors: `--max-whitespace` without `--json-schema` (a [`UsageError`]), unreadable files or
+/// ones larger than `--max-input-bytes`, a tokenizer or model that cannot be loaded, a grammar
+/// that does not compile (with llguidance's message).
 pub fn validate(args: &ValidateArgs) -> Result<Validation> {
-    let spec = grammar_spec(args)?;
-    let text = read_text(&args.text)?;
+    let max_whitespace = max_whitespace_for(args.max_whitespace, args.json_schema.is_some())?;
+    let limit = args.limit.max_input_bytes;
+    let spec = grammar_spec(args, limit)?;
+    let text = read_text(&args.text, limit)?;
     let env = token_env(args)?;
     let compiler = GrammarCompiler::new(env)?;
     let options = GrammarOptions {
-        max_whitespace: args.max_whitespace.0,
+        max_whitespace: max_whitespace.0,
     };
     Ok(validate_text(&compiler, &spec, &options, &text)?)
 }
 
-fn grammar_spec(args: &ValidateArgs) -> Result<GrammarSpec> {
+/// The `--max-whitespace` bound to use: the given one or the default (8).
+///
+/// # Errors
+/// A [`UsageError`] when it was given without `--json-schema` (`json_schema`), where it would
+/// have no effect.
+pub fn max_whitespace_for(
+    given: Option<MaxWhitespace>,
+    json_schema: bool,
+) -> Result<MaxWhitespace> {
+    match given {
+        Some(_) if !json_schema => Err(UsageError::new(
+            "--max-whitespace has no effect without --json-schema (it bounds the whitespace between JSON tokens)",
+        )
+        .into()),
+        given => Ok(given.unwrap_or_default()),
+    }
+}
+
+fn grammar_spec(args: &ValidateArgs, limit: MaxInputBytes) -> Result<GrammarSpec> {
     grammar_spec_from(
         args.json_schema.as_deref(),
         args.regex.as_deref(),
         args.grammar.as_deref(),
+        limit,
     )?
     .ok_or_else(|| anyhow!("one of --json-schema, --regex or --grammar is required"))
 }
 
+/// A file given by `flag`, read within `limit` as UTF-8 text, a leading byte-order mark
+/// removed (editors on Windows write one).
+fn read_text_file(flag: &str, path: &Path, limit: MaxInputBytes) -> Result<String> {
+    let bytes = read_file(flag, path, limit)?;
+    let text = String::from_utf8(bytes)
+        .map_err(|e| anyhow!("{flag} {} is not UTF-8: {e}", shown_path(path)))?;
+    Ok(match text.strip_prefix('\u{feff}') {
+        Some(rest) => rest.to_string(),
+        None => text,
+    })
+}
+
 /// The grammar named by `--json-schema S` (the path of an existing file holding the schema,
 /// else the schema itself as inline JSON), `--regex RE` or `--grammar FILE.lark`, the first
-/// one given; `None` when none is.
+/// one given; `None` when none is. Files are read within `limit`.
 ///
-/// Errors: an unreadable schema or grammar file.
+/// Errors: inline `--json-schema` text that is not JSON (a [`UsageError`]); an unreadable
+/// schema or grammar file, a directory, or one larger than `limit`.
 pub fn grammar_spec_from(
     json_schema: Option<&str>,
     regex: Option<&str>,
     grammar: Option<&Path>,
+    limit: MaxInputBytes,
 ) -> Result<Option<GrammarSpec>> {
     if let Some(schema) = json_schema {
         let path = Path::new(schema);
-        let text = if path.is_file() {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read the JSON Schema {}", path.display()))?;
-            // A byte-order mark is not JSON; editors on Windows write one.
-            text.strip_prefix('\u{feff}')
-                .map(str::to_string)
-                .unwrap_or(text)
+        // An existing path is a file to read (a pipe such as `<(cat s.json)` included; a
+        // directory is an error), whatever it looks like; anything else is inline JSON.
+        let text = if path.exists() {
+            read_text_file("--json-schema", path, limit)?
         } else if let Err(e) = serde_json::from_str::<serde_json::Value>(schema) {
-            if path.exists() {
-                bail!("--json-schema {schema}: not a regular file (a directory?)");
+            let message = format!(
+                "--json-schema \"{}\" is neither an existing file nor valid JSON ({e})",
+                shown(schema)
+            );
+            // Text that starts like a JSON object is a flag value outside its type (exit
+            // status 2); anything else is taken for a file that is missing (1).
+            if schema.trim_start().starts_with('{') {
+                return Err(UsageError::new(message).into());
             }
-            bail!("--json-schema {schema:?} is neither an existing file nor valid JSON ({e})");
+            bail!(message);
         } else {
             schema.to_string()
         };
@@ -169,29 +215,25 @@ pub fn grammar_spec_from(
     } else if let Some(rx) = regex {
         Ok(Some(GrammarSpec::Regex(rx.to_string())))
     } else if let Some(path) = grammar {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read the grammar {}", path.display()))?;
-        let text = text
-            .strip_prefix('\u{feff}')
-            .map(str::to_string)
-            .unwrap_or(text);
-        Ok(Some(GrammarSpec::Lark(text)))
+        Ok(Some(GrammarSpec::Lark(read_text_file(
+            "--grammar",
+            path,
+            limit,
+        )?)))
     } else {
         Ok(None)
     }
 }
 
-/// The text to validate, without one trailing newline.
-fn read_text(path: &Path) -> Result<String> {
+/// The text to validate (read within `limit`), without one trailing newline.
+fn read_text(path: &Path, limit: MaxInputBytes) -> Result<String> {
     let bytes = if path.as_os_str() == "-" {
-        let mut buf = Vec::new();
-        std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf).context("reading stdin")?;
-        buf
+        read_stdin("--text", limit)?
     } else {
-        std::fs::read(path).with_context(|| format!("cannot read the text {}", path.display()))?
+        read_file("--text", path, limit)?
     };
     let mut text = String::from_utf8(bytes)
-        .map_err(|e| anyhow!("the text {} is not UTF-8: {e}", path.display()))?;
+        .map_err(|e| anyhow!("the text {} is not UTF-8: {e}", shown_path(path)))?;
     if text.ends_with('\n') {
         text.pop();
         if text.ends_with('\r') {
@@ -204,8 +246,10 @@ fn read_text(path: &Path) -> Result<String> {
 /// The token environment of `--tokenizer`, else of `--model` (or the default model).
 fn token_env(args: &ValidateArgs) -> Result<TokenEnv> {
     if let Some(path) = &args.tokenizer {
-        let tokenizer = tokenizers::Tokenizer::from_file(path)
-            .map_err(|e| anyhow!("cannot load the tokenizer {}: {e}", path.display()))?;
+        let bytes = read_file("--tokenizer", path, args.limit.max_input_bytes)?;
+        let tokenizer = tokenizers::Tokenizer::from_bytes(&bytes)
+            .map_err(|e| anyhow!("cannot load the tokenizer {}: {e}", shown_path(path)))?;
+        drop(bytes);
         let eos = end_tokens(&tokenizer, None);
         if eos.is_empty() {
             bail!(

@@ -11,13 +11,22 @@
 //!   top-k / top-p / exponential-sampling operator on calls given as JSON lines or a
 //!   safetensors file, one JSON answer per call.
 //! - [`calls`](mod@calls): what the two operator commands share (error answers, `--attrs`).
+//! - [`input`](mod@input): what every command that reads input shares: `--max-input-bytes`,
+//!   files read within it, JSON lines read within it, echoed names escaped and capped.
+//! - [`answer`](mod@answer): how the JSON-lines commands write answers (small ones serialised
+//!   in parallel, large ones straight into the output).
+//! - [`usage`](mod@usage): the exit statuses, and [`usage::UsageError`] for a bad flag value
+//!   (exit status 2).
 //! - [`moe_init_routing`](mod@moe_init_routing): `nucleus moe-init-routing`, nucleus-moe's
 //!   MoE token routing (`npu_moe_init_routing_v2`) on calls given as JSON lines or a
 //!   safetensors file, one JSON answer per call.
 
+pub mod answer;
 pub mod bench;
 pub mod calls;
 pub mod grammar;
+pub mod input;
 pub mod moe_init_routing;
 pub mod npu_sample;
 pub mod sample;
+pub mod usage;

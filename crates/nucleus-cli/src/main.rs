@@ -11,8 +11,9 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
+use nucleus_cli::usage::UsageError;
 use nucleus_engine::{
     hub, load_gguf, Engine, EngineConfig, FinishReason, GrammarOptions, Request, SamplingParams,
 };
@@ -101,6 +102,9 @@ struct SampleArgs {
     /// Add "dist", the full final distribution, to every answer.
     #[arg(long)]
     dist: bool,
+    /// `--max-input-bytes`: most bytes of one JSON line and of a --logits or --params file.
+    #[command(flatten)]
+    limit: nucleus_cli::input::InputLimit,
 }
 
 #[derive(Args, Debug)]
@@ -155,9 +159,13 @@ struct GenerateArgs {
     #[arg(long, value_name = "FILE.lark")]
     grammar: Option<PathBuf>,
     /// With --json-schema: most whitespace characters in a row between JSON tokens (0: compact
-    /// JSON; `none`: unbounded).
-    #[arg(long, value_name = "N", default_value = "8", value_parser = nucleus_cli::grammar::parse_max_whitespace)]
-    max_whitespace: nucleus_cli::grammar::MaxWhitespace,
+    /// JSON; `none`: unbounded). Default 8; an error without --json-schema.
+    #[arg(long, value_name = "N", value_parser = nucleus_cli::grammar::parse_max_whitespace)]
+    max_whitespace: Option<nucleus_cli::grammar::MaxWhitespace>,
+    /// `--max-input-bytes`: most bytes of a --json-schema or --grammar file (not of the GGUF
+    /// model).
+    #[command(flatten)]
+    limit: nucleus_cli::input::InputLimit,
 }
 
 fn main() -> ExitCode {
@@ -195,13 +203,20 @@ fn main() -> ExitCode {
         Err(e) => {
             // `{:#}`: the error and its causes on one line ("cannot read X: No such file").
             eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            // A bad flag value (or a flag without effect) is a usage error, like clap's own.
+            if nucleus_cli::usage::is_usage(&e) {
+                ExitCode::from(nucleus_cli::usage::USAGE_STATUS)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
 
 /// Runs `nucleus generate`. Exit status 0 when every completion finished (eos, stop, length),
-/// 1 when any failed.
+/// 1 when any failed or the model, a grammar file or a prompt cannot be used; 2 (a
+/// [`UsageError`]) for a flag value outside its domain or a flag without effect, checked
+/// before the model is loaded.
 fn generate(args: GenerateArgs) -> Result<ExitCode> {
     let params = SamplingParams {
         temperature: args.temperature,
@@ -211,14 +226,33 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
         seed: args.seed,
         ..Default::default()
     };
-    params.validate()?;
+    params
+        .validate()
+        .map_err(|e| UsageError::new(format!("{e}")))?;
+    if args.max_tokens == 0 {
+        return Err(UsageError::new("--max-tokens must be at least 1").into());
+    }
+    if !(1..=nucleus_engine::MAX_SAMPLES_PER_REQUEST).contains(&args.n) {
+        return Err(UsageError::new(format!(
+            "--n must be in 1..={}, got {}",
+            nucleus_engine::MAX_SAMPLES_PER_REQUEST,
+            args.n
+        ))
+        .into());
+    }
+    if args.stop.iter().any(String::is_empty) {
+        return Err(UsageError::new("--stop \"\": an empty stop string never matches").into());
+    }
+    let max_whitespace =
+        nucleus_cli::grammar::max_whitespace_for(args.max_whitespace, args.json_schema.is_some())?;
     let grammar = nucleus_cli::grammar::grammar_spec_from(
         args.json_schema.as_deref(),
         args.regex.as_deref(),
         args.grammar.as_deref(),
+        args.limit.max_input_bytes,
     )?;
     let grammar_options = GrammarOptions {
-        max_whitespace: args.max_whitespace.0,
+        max_whitespace: max_whitespace.0,
     };
     let path = hub::resolve_model(args.model.as_deref())?;
     let loaded = load_gguf(&path, &candle_device())?;
@@ -230,16 +264,19 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
     let streaming = args.prompt.len() == 1 && args.n == 1;
     let mut ids = Vec::new();
     let mut seeds = Vec::new();
-    for prompt in &args.prompt {
-        let info = engine.add_request(Request {
-            params: params.clone(),
-            max_tokens: args.max_tokens,
-            stop_strings: args.stop.clone(),
-            n: args.n,
-            grammar: grammar.clone(),
-            grammar_options,
-            ..Request::new(prompt.clone())
-        })?;
+    for (index, prompt) in args.prompt.iter().enumerate() {
+        // Named as the rest of the output names requests: by index, from 0.
+        let info = engine
+            .add_request(Request {
+                params: params.clone(),
+                max_tokens: args.max_tokens,
+                stop_strings: args.stop.clone(),
+                n: args.n,
+                grammar: grammar.clone(),
+                grammar_options,
+                ..Request::new(prompt.clone())
+            })
+            .with_context(|| format!("--prompt {index} (request {index})"))?;
         ids.push(info.request_id);
         seeds.push(info.seed);
     }
@@ -326,16 +363,17 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
 }
 
 /// Runs `nucleus sample`. Exit status 0 when every row got an answer (a row's error is an
-/// answer); 2 for an unreadable or unusable input file; 1 when writing the answers fails (a
+/// answer); 1 for an unreadable or unusable input file and when writing the answers fails (a
 /// closed pipe, as in `nucleus sample | head`, ends quietly with 0).
 fn sample(args: SampleArgs) -> Result<ExitCode> {
     use nucleus_cli::sample::{run_command, run_jsonl, run_safetensors, Options};
     let options = Options { dist: args.dist };
+    let limit = args.limit.max_input_bytes;
     Ok(run_command(
         args.logits.as_deref(),
         args.input.as_deref(),
-        |logits, out| run_safetensors(logits, args.params.as_deref(), out, &options),
-        |input, out| run_jsonl(input, out, &options),
+        |logits, out| run_safetensors(logits, args.params.as_deref(), out, &options, limit),
+        |input, out| run_jsonl(input, out, &options, limit),
     ))
 }
 

@@ -72,6 +72,8 @@ use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::ser::SerializeSeq;
 use serde::{Deserialize, Serialize, Serializer};
 
+use crate::answer::Reply;
+use crate::input::{read_file, shown, shown_path, InputLimit, MaxInputBytes};
 use crate::sample::input::Lenient;
 use crate::sample::output::non_finite_name;
 
@@ -98,6 +100,9 @@ pub struct MoeInitRoutingArgs {
         conflicts_with = "input"
     )]
     pub attrs: Option<String>,
+    /// `--max-input-bytes`: most bytes of one JSON line and of a `--tensors` / `--attrs` file.
+    #[command(flatten)]
+    pub limit: InputLimit,
 }
 
 /// Lines answered together in one parallel block.
@@ -375,14 +380,58 @@ impl Serialize for JsonF32 {
     }
 }
 
-/// The values of `expanded_x`: f32 (f16 and bf16 widened exactly) or i8.
+/// The values of `expanded_x` in the operator's own element type, as its output vector (no
+/// copy is made for the answer: f16 and bf16 values are widened exactly to f32 as they are
+/// written).
 #[derive(Debug)]
 enum Values {
     F32(Vec<f32>),
+    F16(Vec<f16>),
+    Bf16(Vec<bf16>),
     I8(Vec<i8>),
 }
 
-/// A flat row-major slice written as nested lists of `shape`.
+impl Values {
+    /// The operator's `Vec<T>` as the variant of its type, moved (not copied).
+    fn of<T: Element>(values: Vec<T>) -> Self {
+        let any: Box<dyn std::any::Any> = Box::new(values);
+        let any = match any.downcast::<Vec<f32>>() {
+            Ok(v) => return Values::F32(*v),
+            Err(any) => any,
+        };
+        let any = match any.downcast::<Vec<f16>>() {
+            Ok(v) => return Values::F16(*v),
+            Err(any) => any,
+        };
+        let any = match any.downcast::<Vec<bf16>>() {
+            Ok(v) => return Values::Bf16(*v),
+            Err(any) => any,
+        };
+        match any.downcast::<Vec<i8>>() {
+            Ok(v) => Values::I8(*v),
+            // `Element` is implemented for these four types only.
+            Err(_) => Values::I8(Vec::new()),
+        }
+    }
+
+    /// Writes the `len` values from `offset` as a JSON list.
+    fn serialize_run<S: Serializer>(
+        &self,
+        offset: usize,
+        len: usize,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        let range = offset..offset + len;
+        match self {
+            Values::F32(v) => s.collect_seq(v[range].iter().map(|&e| JsonF32(e))),
+            Values::F16(v) => s.collect_seq(v[range].iter().map(|&e| JsonF32(e.to_f32()))),
+            Values::Bf16(v) => s.collect_seq(v[range].iter().map(|&e| JsonF32(e.to_f32()))),
+            Values::I8(v) => s.collect_seq(&v[range]),
+        }
+    }
+}
+
+/// A flat row-major slice written as nested lists of `shape` (at least one dimension).
 struct Nested<'a> {
     values: &'a Values,
     offset: usize,
@@ -391,22 +440,22 @@ struct Nested<'a> {
 
 impl Serialize for Nested<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let Some((&len, inner)) = self.shape.split_first() else {
-            return match self.values {
-                Values::F32(v) => JsonF32(v[self.offset]).serialize(s),
-                Values::I8(v) => s.serialize_i8(v[self.offset]),
-            };
-        };
-        let stride: usize = inner.iter().product();
-        let mut seq = s.serialize_seq(Some(len))?;
-        for i in 0..len {
-            seq.serialize_element(&Nested {
-                values: self.values,
-                offset: self.offset + i * stride,
-                shape: inner,
-            })?;
+        match self.shape {
+            [] => self.values.serialize_run(self.offset, 1, s),
+            &[len] => self.values.serialize_run(self.offset, len, s),
+            [len, inner @ ..] => {
+                let stride: usize = inner.iter().product();
+                let mut seq = s.serialize_seq(Some(*len))?;
+                for i in 0..*len {
+                    seq.serialize_element(&Nested {
+                        values: self.values,
+                        offset: self.offset + i * stride,
+                        shape: inner,
+                    })?;
+                }
+                seq.end()
+            }
         }
-        seq.end()
     }
 }
 
@@ -436,14 +485,25 @@ enum ExpertTokensOut {
     Pairs(Vec<[i64; 2]>),
 }
 
-/// The answer to one call.
+/// f32 values written as a JSON list of [`JsonF32`] (or `null`), straight from the vector.
+fn optional_f32_list<S: Serializer>(values: &Option<Vec<f32>>, s: S) -> Result<S::Ok, S::Error> {
+    match values {
+        Some(v) => s.collect_seq(v.iter().map(|&e| JsonF32(e))),
+        None => s.serialize_none(),
+    }
+}
+
+/// The answer to one call. It holds the operator's output vectors themselves, written as
+/// they are serialised: a large `expanded_x` is never copied (answers above
+/// [`crate::answer::IN_MEMORY_MAX`] bytes are written straight into the output).
 #[derive(Debug, Serialize)]
 pub struct Answer {
     expanded_x: ExpandedXOut,
     expanded_x_dtype: &'static str,
     expanded_row_idx: Vec<i32>,
     expert_tokens: Option<ExpertTokensOut>,
-    expanded_scale: Option<Vec<JsonF32>>,
+    #[serde(serialize_with = "optional_f32_list")]
+    expanded_scale: Option<Vec<f32>>,
     valid_rows: usize,
 }
 
@@ -452,13 +512,7 @@ impl Answer {
     fn new<T: Element>(out: MoeInitRoutingOutput<T>, key_value: bool) -> Self {
         let expanded_x_dtype = out.expanded_x.dtype().name();
         let values = match out.expanded_x {
-            ExpandedX::Unquantized(v) => {
-                if T::DTYPE == nucleus_moe::DType::I8 {
-                    Values::I8(v.iter().map(|&e| e.to_f32() as i8).collect())
-                } else {
-                    Values::F32(v.iter().map(|&e| e.to_f32()).collect())
-                }
-            }
+            ExpandedX::Unquantized(v) => Values::of(v),
             ExpandedX::Int8(v) => Values::I8(v),
         };
         Self {
@@ -475,9 +529,7 @@ impl Answer {
                     ExpertTokensOut::List(t)
                 }
             }),
-            expanded_scale: out
-                .expanded_scale
-                .map(|s| s.into_iter().map(JsonF32).collect()),
+            expanded_scale: out.expanded_scale,
             valid_rows: out.valid_rows,
         }
     }
@@ -687,12 +739,16 @@ pub fn answer_call(call: CallInput) -> Result<Answer, CallError> {
     if call.x.len() != call.expert_idx.len() {
         return Err(rows_error(call.x.len(), call.expert_idx.len()));
     }
+    let num_rows = call.x.len();
     let (x, hidden_size) = flatten("x", &call.x)?;
+    // Freed before the operator runs: only the typed `x` is kept.
+    drop(call.x);
     let x = x_values(&x, hidden_size, call.x_dtype.unwrap_or_default())?;
     let (expert_idx, k) = flatten("expert_idx", &call.expert_idx)?;
+    drop(call.expert_idx);
     let tensors = Tensors {
         x,
-        num_rows: call.x.len(),
+        num_rows,
         hidden_size,
         expert_idx,
         k,
@@ -702,33 +758,46 @@ pub fn answer_call(call: CallInput) -> Result<Answer, CallError> {
     tensors.answer(&attrs)
 }
 
-/// The answer line for one input line.
-pub fn answer_line(text: &[u8]) -> Vec<u8> {
-    line(&parse_call(text).and_then(answer_call))
+/// One input line answered: the call's answer, or its error.
+pub fn answer(text: &[u8]) -> Result<Answer, CallError> {
+    parse_call(text).and_then(answer_call)
 }
 
-/// Why the command stopped before answering every call (`nucleus sample`'s type: an input
-/// that cannot be read or used is exit status 2; a failed write is `Output`).
+/// The answer line (without newline) for one input line, as the command writes it.
+pub fn answer_line(text: &[u8]) -> Vec<u8> {
+    crate::answer::to_line(&Reply(answer(text)))
+}
+
+/// Why the command stopped before answering every call (`nucleus sample`'s type: a bad
+/// inline `--attrs` is exit status 2, an input that cannot be read or used 1, a failed write
+/// `Output`).
 pub use crate::sample::RunError;
 
 /// Answers every non-blank line of `input` on `out`, in input order; lines are read on a thread
 /// of their own, answered in blocks of up to [`BLOCK`] in parallel (as many as have arrived),
-/// and `out` is flushed after each block.
+/// and `out` is flushed after each block. A line longer than `limit` is answered with an
+/// `input_too_large` error.
 ///
 /// # Errors
 /// [`RunError::Input`] when reading fails (earlier lines are answered first);
 /// [`RunError::Output`] when writing fails.
-pub fn run_jsonl(input: Box<dyn Read + Send>, out: &mut dyn Write) -> Result<(), RunError> {
-    crate::sample::stream_lines(input, out, BLOCK, answer_line)
+pub fn run_jsonl(
+    input: Box<dyn Read + Send>,
+    out: &mut dyn Write,
+    limit: MaxInputBytes,
+) -> Result<(), RunError> {
+    crate::sample::stream_lines(input, out, BLOCK, limit, |text| Reply(answer(text)))
 }
 
-/// Reads `--attrs`: the path of a file holding a JSON object, else the object itself.
+/// Reads `--attrs`: the path of an existing file holding a JSON object (within `limit`), else
+/// the object itself.
 ///
 /// # Errors
-/// A message naming the bad field (`active_num: invalid type: ...`, `missing field
-/// `expert_num``) or saying the text is not JSON.
-pub fn read_attrs(text: &str) -> Result<AttrsInput, String> {
-    crate::calls::read_attrs(text)
+/// [`RunError::Usage`] for inline text that is not a valid object (naming the bad field:
+/// `active_num: invalid type: ...`, `missing field `expert_num``), [`RunError::Input`] for a
+/// bad file.
+pub fn read_attrs(text: &str, limit: MaxInputBytes) -> Result<AttrsInput, RunError> {
+    crate::calls::read_attrs(text, limit)
 }
 
 const TENSOR_NAMES: [&str; 4] = ["x", "expert_idx", "scale", "offset"];
@@ -777,7 +846,8 @@ fn tensors(file: &SafeTensors<'_>) -> Result<Tensors, CallError> {
     names.sort_unstable();
     if let Some(unknown) = names.iter().find(|n| !TENSOR_NAMES.contains(n)) {
         return Err(CallError::invalid_call(format!(
-            "unknown tensor `{unknown}`: the tensors are x, expert_idx, scale and offset"
+            "unknown tensor `{}`: the tensors are x, expert_idx, scale and offset",
+            shown(unknown)
         )));
     }
     let get = |name: &str| file.tensor(name).ok();
@@ -866,20 +936,27 @@ pub fn answer_safetensors(
         .and_then(|a| tensors(&file).and_then(|t| t.answer(&a))))
 }
 
-/// `--tensors FILE --attrs JSON`: one call, one answer line.
+/// `--tensors FILE --attrs JSON`: one call, one answer line. The file is read within `limit`
+/// ([`read_file`]), then answered by [`answer_safetensors`] and its bytes freed before the
+/// answer is written.
 ///
 /// # Errors
-/// [`RunError::Input`] for an unreadable file, a file that is not safetensors, or bad
-/// `--attrs` (not JSON, a missing `expert_num`, an unknown or mistyped field);
-/// [`RunError::Output`] when writing fails.
-pub fn run_safetensors(path: &Path, attrs: &str, out: &mut dyn Write) -> Result<(), RunError> {
-    let attrs = read_attrs(attrs).map_err(RunError::Input)?;
-    let bytes = std::fs::read(path)
-        .map_err(|e| RunError::Input(format!("cannot read {}: {e}", path.display())))?;
+/// [`RunError::Usage`] for a bad inline `--attrs` (not JSON, a missing `expert_num`, an
+/// unknown or mistyped field); [`RunError::Input`] for an unreadable file, one larger than
+/// `limit`, a file that is not safetensors, or a bad `--attrs` file; [`RunError::Output`] when
+/// writing fails.
+pub fn run_safetensors(
+    path: &Path,
+    attrs: &str,
+    out: &mut dyn Write,
+    limit: MaxInputBytes,
+) -> Result<(), RunError> {
+    let attrs = read_attrs(attrs, limit)?;
+    let bytes = read_file("--tensors", path, limit).map_err(|e| RunError::Input(e.to_string()))?;
     let answer = answer_safetensors(&bytes, &attrs)
-        .map_err(|e| RunError::Input(format!("{}: {e}", path.display())))?;
-    out.write_all(&line(&answer))?;
-    out.write_all(b"\n")?;
+        .map_err(|e| RunError::Input(format!("{}: {e}", shown_path(path))))?;
+    drop(bytes);
+    crate::answer::Prepared::new(Reply(answer)).write(out)?;
     out.flush()?;
     Ok(())
 }
@@ -887,10 +964,11 @@ pub fn run_safetensors(path: &Path, attrs: &str, out: &mut dyn Write) -> Result<
 /// Runs `nucleus moe-init-routing` and returns its exit status: 0 when every call got an
 /// answer, 2 for an unusable input, 1 when writing fails (a closed pipe ends quietly with 0).
 pub fn command(args: &MoeInitRoutingArgs) -> ExitCode {
+    let limit = args.limit.max_input_bytes;
     crate::sample::run_command(
         args.tensors.as_deref(),
         args.input.as_deref(),
-        |path, out| run_safetensors(path, args.attrs.as_deref().unwrap_or("{}"), out),
-        run_jsonl,
+        |path, out| run_safetensors(path, args.attrs.as_deref().unwrap_or("{}"), out, limit),
+        |input, out| run_jsonl(input, out, limit),
     )
 }

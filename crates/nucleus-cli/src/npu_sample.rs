@@ -60,6 +60,8 @@ use nucleus_sampling::{InputKind, LogitValue, LogitsView};
 use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize, Serializer};
 
+use crate::answer::Reply;
+use crate::input::{read_file, shown, shown_path, InputLimit, MaxInputBytes};
 use crate::sample::input::{Lenient, Row};
 
 /// The flags of `nucleus top-k-top-p-sample`.
@@ -84,6 +86,9 @@ pub struct NpuSampleArgs {
         conflicts_with = "input"
     )]
     pub attrs: Option<String>,
+    /// `--max-input-bytes`: most bytes of one JSON line and of a `--tensors` / `--attrs` file.
+    #[command(flatten)]
+    pub limit: InputLimit,
 }
 
 /// Lines answered together in one parallel block.
@@ -222,11 +227,34 @@ impl From<&TopKTopPRowError> for RowErrorOut {
     }
 }
 
+/// `logits_top_kp_select`: the operator's flat `[B, V]` output written as B rows, straight
+/// from its vector.
+#[derive(Debug)]
+struct Rows {
+    values: Vec<f32>,
+    vocab: usize,
+}
+
+impl Serialize for Rows {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.values.chunks(self.vocab.max(1)).map(RowOut))
+    }
+}
+
+/// One row of [`Rows`].
+struct RowOut<'a>(&'a [f32]);
+
+impl Serialize for RowOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(|&v| JsonF32(v)))
+    }
+}
+
 /// The answer to one call.
 #[derive(Debug, Serialize)]
 pub struct Answer {
     logits_select_idx: Vec<i64>,
-    logits_top_kp_select: Option<Vec<Vec<JsonF32>>>,
+    logits_top_kp_select: Option<Rows>,
     row_errors: Vec<Option<RowErrorOut>>,
 }
 
@@ -234,11 +262,9 @@ impl Answer {
     /// The answer for an output of `vocab` ids per row.
     pub fn new(out: TopKTopPSampleOutput, vocab: usize) -> Self {
         Self {
-            logits_top_kp_select: out.logits_top_kp_select.map(|s| {
-                s.chunks(vocab.max(1))
-                    .map(|r| r.iter().map(|&v| JsonF32(v)).collect())
-                    .collect()
-            }),
+            logits_top_kp_select: out
+                .logits_top_kp_select
+                .map(|values| Rows { values, vocab }),
             row_errors: out
                 .row_status
                 .iter()
@@ -370,32 +396,45 @@ pub fn answer_call(call: CallInput) -> Result<Answer, CallError> {
     Ok(Answer::new(out, vocab))
 }
 
-/// The answer line for one input line.
-pub fn answer_line(text: &[u8]) -> Vec<u8> {
-    line(&parse_call(text).and_then(answer_call))
+/// One input line answered: the call's answer, or its error.
+pub fn answer(text: &[u8]) -> Result<Answer, CallError> {
+    parse_call(text).and_then(answer_call)
 }
 
-/// Why the command stopped before answering every call (`nucleus sample`'s type: an input
-/// that cannot be read or used is exit status 2; a failed write is `Output`).
+/// The answer line (without newline) for one input line, as the command writes it.
+pub fn answer_line(text: &[u8]) -> Vec<u8> {
+    crate::answer::to_line(&Reply(answer(text)))
+}
+
+/// Why the command stopped before answering every call (`nucleus sample`'s type: a bad
+/// inline `--attrs` is exit status 2, an input that cannot be read or used 1, a failed write
+/// `Output`).
 pub use crate::sample::RunError;
 
 /// Answers every non-blank line of `input` on `out`, in input order; lines are read on a thread
 /// of their own, answered in blocks of up to [`BLOCK`] in parallel (as many as have arrived),
-/// and `out` is flushed after each block.
+/// and `out` is flushed after each block. A line longer than `limit` is answered with an
+/// `input_too_large` error.
 ///
 /// # Errors
 /// [`RunError::Input`] when reading fails (earlier lines are answered first);
 /// [`RunError::Output`] when writing fails.
-pub fn run_jsonl(input: Box<dyn Read + Send>, out: &mut dyn Write) -> Result<(), RunError> {
-    crate::sample::stream_lines(input, out, BLOCK, answer_line)
+pub fn run_jsonl(
+    input: Box<dyn Read + Send>,
+    out: &mut dyn Write,
+    limit: MaxInputBytes,
+) -> Result<(), RunError> {
+    crate::sample::stream_lines(input, out, BLOCK, limit, |text| Reply(answer(text)))
 }
 
-/// Reads `--attrs`: the path of a file holding a JSON object, else the object itself.
+/// Reads `--attrs`: the path of an existing file holding a JSON object (within `limit`), else
+/// the object itself.
 ///
 /// # Errors
-/// A message naming the bad field (`ks_max: invalid type: ...`) or saying the text is not JSON.
-pub fn read_attrs(text: &str) -> Result<AttrsInput, String> {
-    crate::calls::read_attrs(text)
+/// [`RunError::Usage`] for inline text that is not a valid object (naming the bad field:
+/// `ks_max: invalid type: ...`), [`RunError::Input`] for a bad file.
+pub fn read_attrs(text: &str, limit: MaxInputBytes) -> Result<AttrsInput, RunError> {
+    crate::calls::read_attrs(text, limit)
 }
 
 /// A float tensor's values in its own element type.
@@ -428,17 +467,21 @@ struct Tensors {
     min_ps: Option<Floats>,
 }
 
+/// The little-endian words of a tensor's bytes.
+fn words<const W: usize>(raw: &[u8]) -> impl Iterator<Item = [u8; W]> + '_ {
+    raw.chunks_exact(W).map(|b| {
+        let mut w = [0u8; W];
+        w.copy_from_slice(b);
+        w
+    })
+}
+
 fn read_floats(name: &str, t: &safetensors::tensor::TensorView<'_>) -> Result<Floats, CallError> {
     let raw = t.data();
-    let halves = || {
-        raw.chunks_exact(2)
-            .map(|b| u16::from_le_bytes([b[0], b[1]]))
-    };
+    let halves = || words::<2>(raw).map(u16::from_le_bytes);
     match t.dtype() {
         Dtype::F32 => Ok(Floats::F32(
-            raw.chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
+            words::<4>(raw).map(f32::from_le_bytes).collect(),
         )),
         Dtype::F16 => Ok(Floats::F16(halves().map(f16::from_bits).collect())),
         Dtype::BF16 => Ok(Floats::Bf16(halves().map(bf16::from_bits).collect())),
@@ -462,7 +505,8 @@ fn tensors(file: &SafeTensors<'_>) -> Result<Tensors, CallError> {
     names.sort_unstable();
     if let Some(unknown) = names.iter().find(|n| !TENSOR_NAMES.contains(n)) {
         return Err(CallError::invalid_call(format!(
-            "unknown tensor `{unknown}`: the tensors are logits, top_k, top_p, q and min_ps"
+            "unknown tensor `{}`: the tensors are logits, top_k, top_p, q and min_ps",
+            shown(unknown)
         )));
     }
     let get = |name: &str| file.tensor(name).ok();
@@ -489,20 +533,41 @@ fn tensors(file: &SafeTensors<'_>) -> Result<Tensors, CallError> {
     if top_k.shape().len() != 1 {
         return Err(rank_error("top_k", top_k.shape(), "rank 1, [batch]"));
     }
-    if top_k.dtype() != Dtype::I32 {
-        return Err(CallError::new(
-            "dtype_mismatch",
-            format!("tensor `top_k` is {:?}: expected I32", top_k.dtype()),
-        ));
-    }
-    let top_k_values = top_k
-        .data()
-        .chunks_exact(4)
-        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
+    let top_k_values = match top_k.dtype() {
+        Dtype::I32 => words::<4>(top_k.data()).map(i32::from_le_bytes).collect(),
+        // PyTorch's default integer type.
+        Dtype::I64 => words::<8>(top_k.data())
+            .map(i64::from_le_bytes)
+            .enumerate()
+            .map(|(i, v)| {
+                i32::try_from(v).map_err(|_| {
+                    CallError::invalid_call(format!(
+                        "tensor `top_k` (I64) holds {v} at index {i}: top_k values must fit in i32"
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        other => {
+            return Err(CallError::new(
+                "dtype_mismatch",
+                format!("tensor `top_k` is {other:?}: expected I32 or I64"),
+            ))
+        }
+    };
     let top_p = require("top_p")?;
     if top_p.shape().len() != 1 {
         return Err(rank_error("top_p", top_p.shape(), "rank 1, [batch]"));
+    }
+    // The operator takes `top_p` in the dtype of the logits or in f32.
+    if top_p.dtype() != logits.dtype() && top_p.dtype() != Dtype::F32 {
+        let accepted = match logits_values.dtype() {
+            "F32" => "F32 (the dtype of `logits`)".to_string(),
+            other => format!("{other} (the dtype of `logits`) or F32"),
+        };
+        return Err(CallError::new(
+            "dtype_mismatch",
+            format!("tensor `top_p` is {:?}: expected {accepted}", top_p.dtype()),
+        ));
     }
     let top_p_values = read_floats("top_p", &top_p)?;
     let q = match get("q") {
@@ -511,15 +576,13 @@ fn tensors(file: &SafeTensors<'_>) -> Result<Tensors, CallError> {
             if q.shape() != [batch, vocab] {
                 return Err(rank_error("q", q.shape(), &format!("[{batch}, {vocab}]")));
             }
-            match read_floats("q", &q)? {
-                Floats::F32(v) => Some(v),
-                other => {
-                    return Err(CallError::new(
-                        "dtype_mismatch",
-                        format!("tensor `q` is {}: expected F32", other.dtype()),
-                    ))
-                }
+            if q.dtype() != Dtype::F32 {
+                return Err(CallError::new(
+                    "dtype_mismatch",
+                    format!("tensor `q` is {:?}: expected F32", q.dtype()),
+                ));
             }
+            Some(words::<4>(q.data()).map(f32::from_le_bytes).collect())
         }
     };
     let min_ps = match get("min_ps") {
@@ -528,18 +591,17 @@ fn tensors(file: &SafeTensors<'_>) -> Result<Tensors, CallError> {
             if m.shape().len() != 1 {
                 return Err(rank_error("min_ps", m.shape(), "rank 1, [batch]"));
             }
-            let values = read_floats("min_ps", &m)?;
-            if values.dtype() != top_p_values.dtype() {
+            if m.dtype() != top_p.dtype() {
                 return Err(CallError::new(
                     "dtype_mismatch",
                     format!(
-                        "tensor `min_ps` is {} but `top_p` is {}: they must share one dtype",
-                        values.dtype(),
+                        "tensor `min_ps` is {:?}: expected {}, the dtype of `top_p`",
+                        m.dtype(),
                         top_p_values.dtype()
                     ),
                 ));
             }
-            Some(values)
+            Some(read_floats("min_ps", &m)?)
         }
     };
     Ok(Tensors {
@@ -610,27 +672,28 @@ pub fn answer_safetensors(
     }))
 }
 
-/// `--tensors FILE [--attrs JSON]`: one call, one answer line.
+/// `--tensors FILE [--attrs JSON]`: one call, one answer line. The file is read within
+/// `limit` ([`read_file`]), then answered by [`answer_safetensors`].
 ///
 /// # Errors
-/// [`RunError::Input`] for an unreadable file, a file that is not safetensors, or bad
-/// `--attrs`; [`RunError::Output`] when writing fails.
+/// [`RunError::Usage`] for a bad inline `--attrs`; [`RunError::Input`] for an unreadable file,
+/// one larger than `limit`, a file that is not safetensors, or a bad `--attrs` file;
+/// [`RunError::Output`] when writing fails.
 pub fn run_safetensors(
     path: &Path,
     attrs: Option<&str>,
     out: &mut dyn Write,
+    limit: MaxInputBytes,
 ) -> Result<(), RunError> {
     let attrs = attrs
-        .map(read_attrs)
-        .transpose()
-        .map_err(RunError::Input)?
+        .map(|a| read_attrs(a, limit))
+        .transpose()?
         .unwrap_or_default();
-    let bytes = std::fs::read(path)
-        .map_err(|e| RunError::Input(format!("cannot read {}: {e}", path.display())))?;
+    let bytes = read_file("--tensors", path, limit).map_err(|e| RunError::Input(e.to_string()))?;
     let answer = answer_safetensors(&bytes, &attrs)
-        .map_err(|e| RunError::Input(format!("{}: {e}", path.display())))?;
-    out.write_all(&line(&answer))?;
-    out.write_all(b"\n")?;
+        .map_err(|e| RunError::Input(format!("{}: {e}", shown_path(path))))?;
+    drop(bytes);
+    crate::answer::Prepared::new(Reply(answer)).write(out)?;
     out.flush()?;
     Ok(())
 }
@@ -638,10 +701,11 @@ pub fn run_safetensors(
 /// Runs `nucleus top-k-top-p-sample` and returns its exit status: 0 when every call got an
 /// answer, 2 for an unusable input, 1 when writing fails (a closed pipe ends quietly with 0).
 pub fn command(args: &NpuSampleArgs) -> ExitCode {
+    let limit = args.limit.max_input_bytes;
     crate::sample::run_command(
         args.tensors.as_deref(),
         args.input.as_deref(),
-        |path, out| run_safetensors(path, args.attrs.as_deref(), out),
-        run_jsonl,
+        |path, out| run_safetensors(path, args.attrs.as_deref(), out, limit),
+        |input, out| run_jsonl(input, out, limit),
     )
 }

@@ -71,7 +71,8 @@ pub mod input;
 pub mod output;
 pub mod tensor;
 
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::borrow::Cow;
+use std::io::{self, BufReader, Read, Write};
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::mpsc;
@@ -83,9 +84,13 @@ use nucleus_sampling::{
 };
 use rayon::prelude::*;
 
+use serde::Serialize;
+
+use crate::answer::{ErrorObject, Prepared, Reply};
+use crate::input::{read_file, shown_path, Line, LineReader, MaxInputBytes};
 use input::{Object, RowInput};
 use output::{Answer, RowError};
-use tensor::{LogitsData, ParamsFile};
+use tensor::{LogitsData, LogitsTensor, ParamsFile};
 
 /// Most lines sampled together in one parallel block.
 pub const BLOCK: usize = 1024;
@@ -97,11 +102,15 @@ pub struct Options {
     pub dist: bool,
 }
 
-/// Why `nucleus sample` stopped before answering every row.
+/// Why `nucleus sample` (or another JSON-lines command) stopped before answering every row.
 #[derive(Debug)]
 pub enum RunError {
-    /// The input cannot be read or is unusable as a whole (a missing file, a tensor of the
-    /// wrong dtype or rank, a params list of the wrong length): exit status 2.
+    /// A flag value outside its domain (inline `--attrs` that is not a valid object): exit
+    /// status 2.
+    Usage(String),
+    /// The input cannot be read or is unusable as a whole (a missing file, one larger than
+    /// `--max-input-bytes`, a tensor of the wrong dtype or rank, a params list of the wrong
+    /// length): exit status 1.
     Input(String),
     /// Writing the answers failed (a closed stdout is [`io::ErrorKind::BrokenPipe`]).
     Output(io::Error),
@@ -320,9 +329,14 @@ fn pad(mut dist: Vec<f64>, row_len: usize) -> Vec<f64> {
     dist
 }
 
-/// The answer line (without newline) for one input line.
+/// One input line answered: the row's answer, or its error.
+pub fn answer(line: &[u8], options: &Options) -> Result<Answer, RowError> {
+    parse_row(line).and_then(|row| answer_row(row, options))
+}
+
+/// The answer line (without newline) for one input line, as the command writes it.
 pub fn answer_line(line: &[u8], options: &Options) -> Vec<u8> {
-    output::line(&parse_row(line).and_then(|row| answer_row(row, options)))
+    crate::answer::to_line(&Reply(answer(line, options)))
 }
 
 /// Whether a line holds nothing but whitespace, as [`str::trim`] sees it (Unicode
@@ -331,12 +345,10 @@ fn is_blank(line: &[u8]) -> bool {
     std::str::from_utf8(line).is_ok_and(|l| l.trim().is_empty())
 }
 
-/// The UTF-8 byte order mark, stripped from the start of the input (Windows editors write it).
-const BOM: &[u8] = b"\xEF\xBB\xBF";
-
 /// Answers every line of `input` (JSON lines) on `out`, in input order, one line per
 /// non-blank input line; see the module docs. Reading happens on a thread of its own, so
-/// sampling a block overlaps reading the next one; `out` is flushed after every block.
+/// sampling a block overlaps reading the next one; `out` is flushed after every block. A line
+/// longer than `limit` is answered with an `input_too_large` error ([`stream_lines`]).
 ///
 /// # Errors
 /// [`RunError::Input`] when reading fails (the lines before the failure are answered first);
@@ -345,28 +357,21 @@ pub fn run_jsonl(
     input: Box<dyn Read + Send>,
     out: &mut dyn Write,
     options: &Options,
+    limit: MaxInputBytes,
 ) -> Result<(), RunError> {
-    stream_lines(input, out, BLOCK, |line| answer_line(line, options))
+    stream_lines(input, out, BLOCK, limit, |line| {
+        Reply(answer(line, options))
+    })
 }
 
-/// Opens `--input PATH` for reading: `-` is stdin; a directory is refused up front (opening
-/// one succeeds on Unix, and only the first read would fail, without the path).
-pub fn open_input(path: &Path) -> io::Result<Box<dyn Read + Send>> {
-    if path.as_os_str() == "-" {
-        return Ok(Box::new(io::stdin()));
-    }
-    let file = std::fs::File::open(path)?;
-    if file.metadata()?.is_dir() {
-        return Err(io::ErrorKind::IsADirectory.into());
-    }
-    Ok(Box::new(file))
-}
+pub use crate::input::open_input;
 
 /// Runs a JSON-lines command (`sample`, `top-k-top-p-sample`, `moe-init-routing`) on stdout
 /// and returns its exit status: `tensors` runs on a safetensors file when one was given, else
 /// `jsonl` on `--input` (or stdin). 0 when every call got an answer (an error answer
-/// included); 2 for an unreadable or unusable input, after the answers already written are
-/// flushed; 1 when writing fails (a closed pipe, as in `| head`, ends quietly with 0).
+/// included); 1 for an unreadable or unusable input (after the answers already written are
+/// flushed) and when writing fails (a closed pipe, as in `| head`, ends quietly with 0); 2 for
+/// a bad flag value ([`RunError::Usage`]).
 pub fn run_command(
     tensors_path: Option<&Path>,
     input: Option<&Path>,
@@ -381,24 +386,27 @@ pub fn run_command(
             Ok(input) => jsonl(input, &mut out),
             Err(e) => Err(RunError::Input(format!(
                 "cannot open {}: {e}",
-                path.display()
+                shown_path(path)
             ))),
         },
         (None, None) => jsonl(Box::new(io::stdin()), &mut out),
     };
     let result = match result {
         // Answers already written stay valid; make sure they are out before the error.
-        Err(RunError::Input(m)) => out
-            .flush()
-            .map_err(RunError::Output)
-            .and(Err(RunError::Input(m))),
+        Err(e @ (RunError::Input(_) | RunError::Usage(_))) => {
+            out.flush().map_err(RunError::Output).and(Err(e))
+        }
         other => other,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(RunError::Usage(message)) => {
+            eprintln!("error: {message}");
+            ExitCode::from(crate::usage::USAGE_STATUS)
+        }
         Err(RunError::Input(message)) => {
             eprintln!("error: {message}");
-            ExitCode::from(2)
+            ExitCode::FAILURE
         }
         Err(RunError::Output(e)) if e.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
         Err(RunError::Output(e)) => {
@@ -408,77 +416,137 @@ pub fn run_command(
     }
 }
 
-/// The JSON-lines loop shared by `nucleus sample` and `nucleus top-k-top-p-sample`: reads the
-/// non-blank lines of `input` on a thread of its own (a leading byte-order mark and line
-/// endings removed), answers them with `answer` in blocks of up to `block` in parallel (as many
-/// as have arrived), writes one answer line each in input order and flushes after each block.
+/// One item of the stream: a line to answer, or a line the reader could not take.
+enum Item {
+    Text(Vec<u8>),
+    TooLarge,
+    Unallocatable(usize),
+}
+
+/// The raw bytes of the lines read but not yet answered, bounded so that a run of large lines
+/// cannot pile up in the queue: the reader waits while more than `max(limit, 64 MiB)` bytes
+/// are queued (a single line always goes through).
+struct Budget {
+    queued: std::sync::Mutex<usize>,
+    room: std::sync::Condvar,
+    max: usize,
+}
+
+impl Budget {
+    fn take(&self, n: usize) {
+        let mut queued = self.queued.lock().unwrap_or_else(|e| e.into_inner());
+        while *queued > 0 && queued.saturating_add(n) > self.max {
+            queued = self.room.wait(queued).unwrap_or_else(|e| e.into_inner());
+        }
+        *queued += n;
+    }
+
+    fn give_back(&self, n: usize) {
+        let mut queued = self.queued.lock().unwrap_or_else(|e| e.into_inner());
+        *queued = queued.saturating_sub(n);
+        self.room.notify_all();
+    }
+}
+
+/// The JSON-lines loop shared by `nucleus sample`, `nucleus top-k-top-p-sample` and `nucleus
+/// moe-init-routing`: reads the non-blank lines of `input` on a thread of its own
+/// ([`LineReader`]: a leading byte-order mark and line endings removed, at most `limit` bytes
+/// a line), answers them with `answer` in blocks of up to `block_len` in parallel (as many as
+/// have arrived), writes one answer line each in input order and flushes after each block.
+///
+/// A line longer than `limit` is answered `{"error": {"kind": "input_too_large", ...}}` in its
+/// place as soon as its byte `limit + 1` is read, and its other bytes are skipped without being
+/// held; one whose memory cannot be had is answered with kind `allocation`. Answers larger
+/// than [`crate::answer::IN_MEMORY_MAX`] are serialised straight into `out`.
 ///
 /// # Errors
 /// [`RunError::Input`] when reading fails (earlier lines are answered first);
 /// [`RunError::Output`] when writing fails.
-pub(crate) fn stream_lines(
+pub(crate) fn stream_lines<A: Serialize + Send>(
     input: Box<dyn Read + Send>,
     out: &mut dyn Write,
     block_len: usize,
-    answer: impl Fn(&[u8]) -> Vec<u8> + Sync,
+    limit: MaxInputBytes,
+    answer: impl Fn(&[u8]) -> A + Sync,
 ) -> Result<(), RunError> {
-    let (tx, rx) = mpsc::sync_channel::<io::Result<Vec<u8>>>(2 * block_len);
+    let (tx, rx) = mpsc::sync_channel::<io::Result<Item>>(2 * block_len);
+    let budget = std::sync::Arc::new(Budget {
+        queued: std::sync::Mutex::new(0),
+        room: std::sync::Condvar::new(),
+        max: limit.bytes().max(64 << 20),
+    });
+    let reader_budget = std::sync::Arc::clone(&budget);
     // Not joined: when stdout closes, the main thread returns while this one may still wait
     // for input; the process exit ends it.
     std::thread::spawn(move || {
-        let mut reader = BufReader::with_capacity(1 << 20, input);
-        let mut first = true;
+        let mut lines = LineReader::new(BufReader::with_capacity(1 << 20, input), limit);
         loop {
-            let mut line = Vec::new();
-            let read = reader.read_until(b'\n', &mut line);
-            if first && read.as_ref().is_ok_and(|&n| n > 0) {
-                first = false;
-                if line.starts_with(BOM) {
-                    line.drain(..BOM.len());
-                }
-            }
-            match read {
-                Ok(0) => return,
-                Ok(_) if is_blank(&line) => continue,
-                Ok(_) => {
-                    // Without its line ending, so error positions read "line 1 column N".
-                    while line.last().is_some_and(|&b| b == b'\n' || b == b'\r') {
+            let item = match lines.next_line() {
+                Ok(None) => return,
+                Ok(Some(Line::Text(line))) if is_blank(&line) => continue,
+                Ok(Some(Line::Text(mut line))) => {
+                    // Without its `\r`, so error positions read "line 1 column N".
+                    while line.last() == Some(&b'\r') {
                         line.pop();
                     }
-                    if tx.send(Ok(line)).is_err() {
-                        return;
-                    }
+                    reader_budget.take(line.len());
+                    Ok(Item::Text(line))
                 }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    let _ = tx.send(Err(e));
-                    return;
-                }
+                Ok(Some(Line::TooLarge)) => Ok(Item::TooLarge),
+                Ok(Some(Line::Unallocatable { read })) => Ok(Item::Unallocatable(read)),
+                Err(e) => Err(e),
+            };
+            let failed = item.is_err();
+            if tx.send(item).is_err() || failed {
+                return;
             }
         }
     });
 
-    let mut block: Vec<Vec<u8>> = Vec::with_capacity(block_len);
+    let mut block: Vec<Item> = Vec::with_capacity(block_len);
     let mut failure = None;
     while failure.is_none() {
         // Wait for one line, then take whatever else has already arrived, up to `block_len`.
         block.clear();
         match rx.recv() {
-            Ok(Ok(line)) => block.push(line),
+            Ok(Ok(item)) => block.push(item),
             Ok(Err(e)) => failure = Some(e),
             Err(mpsc::RecvError) => break,
         }
         while failure.is_none() && !block.is_empty() && block.len() < block_len {
             match rx.try_recv() {
-                Ok(Ok(line)) => block.push(line),
+                Ok(Ok(item)) => block.push(item),
                 Ok(Err(e)) => failure = Some(e),
                 Err(_) => break,
             }
         }
-        let answers: Vec<Vec<u8>> = block.par_iter().map(|line| answer(line)).collect();
+        let answers: Vec<Prepared<StreamAnswer<A>>> = block
+            .par_iter()
+            .map(|item| {
+                Prepared::new(match item {
+                    Item::Text(line) => StreamAnswer::Answer(answer(line)),
+                    Item::TooLarge => StreamAnswer::Error(ErrorObject {
+                        kind: "input_too_large",
+                        message: crate::input::too_large_message(limit),
+                    }),
+                    Item::Unallocatable(read) => StreamAnswer::Error(ErrorObject {
+                        kind: "allocation",
+                        message: crate::input::unallocatable_message(*read),
+                    }),
+                })
+            })
+            .collect();
+        let queued: usize = block
+            .iter()
+            .map(|item| match item {
+                Item::Text(line) => line.len(),
+                _ => 0,
+            })
+            .sum();
+        block.clear();
+        budget.give_back(queued);
         for answer in &answers {
-            out.write_all(answer)?;
-            out.write_all(b"\n")?;
+            answer.write(out)?;
         }
         out.flush()?;
     }
@@ -488,83 +556,186 @@ pub(crate) fn stream_lines(
     }
 }
 
+/// An answer of the streaming loop: the command's own, or one for a line it could not take.
+enum StreamAnswer<A> {
+    Answer(A),
+    Error(ErrorObject),
+}
+
+impl<A: Serialize> Serialize for StreamAnswer<A> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            StreamAnswer::Answer(a) => a.serialize(s),
+            StreamAnswer::Error(e) => Reply::<(), &ErrorObject>(Err(e)).serialize(s),
+        }
+    }
+}
+
+/// The params of every row of a `batch`-row tensor from `--params` (default parameters
+/// without it).
+///
+/// # Errors
+/// A list whose length is not the batch.
+fn row_params(params: Option<&ParamsFile>, batch: usize) -> Result<Vec<SamplingParams>, String> {
+    match params {
+        None => Ok(vec![SamplingParams::default(); batch]),
+        Some(ParamsFile::One(p)) => Ok(vec![p.to_params(); batch]),
+        Some(ParamsFile::PerRow(list)) => {
+            if list.len() != batch {
+                let plural = |n: usize, word: &str| match n {
+                    1 => format!("1 {word}"),
+                    n => format!("{n} {word}s"),
+                };
+                return Err(format!(
+                    "--params holds {} for {} of logits: give one object, or one per row",
+                    plural(list.len(), "object"),
+                    plural(batch, "row")
+                ));
+            }
+            Ok(list.iter().map(|p| p.to_params()).collect())
+        }
+    }
+}
+
 /// Samples every row of the `logits` tensor of a safetensors file with [`sample_batch`] and
 /// writes one answer line per row.
 ///
 /// Parameters come from `params` (one object for every row, or a list of one per row; default
-/// parameters without it). Rows have no context: empty prompt and output ids, position 0.
+/// parameters without it). Rows have no context: empty prompt and output ids, position 0. Both
+/// files are read within `limit` ([`crate::input::read_file`]); the file's bytes are freed once
+/// the tensor is copied out of them.
 ///
 /// # Errors
-/// [`RunError::Input`] for an unreadable file, no tensor named `logits`, a tensor not of rank
-/// 2 or not f32 / f16 / bf16, an unreadable params file, or a params list whose length is not
-/// the batch; [`RunError::Output`] when writing fails.
+/// [`RunError::Input`] for an unreadable file or one larger than `limit`, no tensor named
+/// `logits`, a tensor not of rank 2 or not f32 / f16 / bf16, an unreadable params file, or a
+/// params list whose length is not the batch; [`RunError::Output`] when writing fails.
 pub fn run_safetensors(
     logits: &Path,
     params: Option<&Path>,
     out: &mut dyn Write,
     options: &Options,
+    limit: MaxInputBytes,
 ) -> Result<(), RunError> {
-    let tensor = tensor::read_logits(logits).map_err(RunError::Input)?;
-    let params: Vec<SamplingParams> = match params.map(tensor::read_params).transpose() {
-        Err(e) => return Err(RunError::Input(e)),
-        Ok(None) => vec![SamplingParams::default(); tensor.batch],
-        Ok(Some(ParamsFile::One(p))) => vec![p.to_params(); tensor.batch],
-        Ok(Some(ParamsFile::PerRow(list))) => {
-            if list.len() != tensor.batch {
-                let plural = |n: usize, word: &str| match n {
-                    1 => format!("1 {word}"),
-                    n => format!("{n} {word}s"),
-                };
-                return Err(RunError::Input(format!(
-                    "--params holds {} for {} of logits: give one object, or one per row",
-                    plural(list.len(), "object"),
-                    plural(tensor.batch, "row")
-                )));
-            }
-            list.iter().map(|p| p.to_params()).collect()
-        }
-    };
-    let answers = match &tensor.data {
-        LogitsData::F32(data) => sample_tensor(data, tensor.batch, tensor.vocab, &params, options),
-        LogitsData::F16(data) => sample_tensor(data, tensor.batch, tensor.vocab, &params, options),
-        LogitsData::Bf16(data) => sample_tensor(data, tensor.batch, tensor.vocab, &params, options),
-    }
-    .map_err(|e| RunError::Input(format!("{}: {e}", logits.display())))?;
-    for answer in &answers {
-        out.write_all(&output::line(answer))?;
-        out.write_all(b"\n")?;
-    }
-    out.flush()?;
-    Ok(())
+    let params = params
+        .map(|p| {
+            let bytes = read_file("--params", p, limit).map_err(|e| e.to_string())?;
+            tensor::params_from_bytes(&bytes).map_err(|e| format!("{}: {e}", shown_path(p)))
+        })
+        .transpose()
+        .map_err(RunError::Input)?;
+    let name = shown_path(logits);
+    let bytes = read_file("--logits", logits, limit).map_err(|e| RunError::Input(e.to_string()))?;
+    let tensor =
+        tensor::logits_from_bytes(&bytes).map_err(|e| RunError::Input(format!("{name}: {e}")))?;
+    drop(bytes);
+    answer_tensor(&tensor, params.as_ref(), out, options).map_err(|e| e.in_file(&name))
 }
 
-/// One answer per row of a dense `[batch, vocab]` matrix, rows in parallel.
-fn sample_tensor<T: LogitValue>(
-    data: &[T],
+/// [`run_safetensors`] on a safetensors file's bytes in memory (the same code after the
+/// files are read): writes one answer line per row of its `logits` tensor to `out`.
+///
+/// # Errors
+/// As [`run_safetensors`], the messages without a file name.
+pub fn answer_safetensors(
+    bytes: &[u8],
+    params: Option<&ParamsFile>,
+    out: &mut dyn Write,
+    options: &Options,
+) -> Result<(), RunError> {
+    let tensor = tensor::logits_from_bytes(bytes).map_err(RunError::Input)?;
+    answer_tensor(&tensor, params, out, options)
+}
+
+impl RunError {
+    /// An input error's message led by the file's name.
+    fn in_file(self, name: &str) -> Self {
+        match self {
+            RunError::Input(m) if !m.starts_with("--params") => {
+                RunError::Input(format!("{name}: {m}"))
+            }
+            other => other,
+        }
+    }
+}
+
+/// The answers for every row of `tensor`, written to `out`.
+fn answer_tensor(
+    tensor: &LogitsTensor,
+    params: Option<&ParamsFile>,
+    out: &mut dyn Write,
+    options: &Options,
+) -> Result<(), RunError> {
+    let params = row_params(params, tensor.batch).map_err(RunError::Input)?;
+    let (batch, vocab) = (tensor.batch, tensor.vocab);
+    let row = |i: usize| i * vocab..(i + 1) * vocab;
+    match &tensor.data {
+        LogitsData::F32(data) => {
+            write_tensor_answers(data, batch, vocab, &params, options, out, |i| {
+                Cow::Borrowed(&data[row(i)])
+            })
+        }
+        LogitsData::F16(data) => {
+            write_tensor_answers(data, batch, vocab, &params, options, out, |i| {
+                Cow::Owned(data[row(i)].iter().map(|v| v.to_f32()).collect())
+            })
+        }
+        LogitsData::Bf16(data) => {
+            write_tensor_answers(data, batch, vocab, &params, options, out, |i| {
+                Cow::Owned(data[row(i)].iter().map(|v| v.to_f32()).collect())
+            })
+        }
+    }
+}
+
+/// With `--dist`, rows are answered in groups whose distributions take about this many bytes
+/// (at least one row), so that a large batch never holds every row's distribution at once.
+const DIST_GROUP_BYTES: usize = 64 << 20;
+
+/// Samples a dense `[batch, vocab]` matrix with one [`sample_batch`] call and writes one answer
+/// per row (with `--dist`, distributions computed a group of rows at a time, in parallel).
+fn write_tensor_answers<'a, T: LogitValue>(
+    data: &'a [T],
     batch: usize,
     vocab: usize,
     params: &[SamplingParams],
     options: &Options,
-) -> Result<Vec<Result<Answer, RowError>>, nucleus_sampling::ShapeError> {
-    let view = LogitsView::dense(data, batch, vocab)?;
+    out: &mut dyn Write,
+    row_f32: impl Fn(usize) -> Cow<'a, [f32]> + Sync,
+) -> Result<(), RunError> {
+    let shape_error = |e: nucleus_sampling::ShapeError| RunError::Input(e.to_string());
+    let view = LogitsView::dense(data, batch, vocab).map_err(shape_error)?;
     let requests: Vec<SampleRequest<'_>> = params
         .iter()
         .map(|p| SampleRequest::new(p, &[], &[], 0))
         .collect();
-    let results = sample_batch(&view, &requests)?;
-    Ok(results
-        .into_par_iter()
-        .enumerate()
-        .map(|(i, result)| {
-            let sampled = result?;
-            output::check_top_logprobs(&sampled)?;
-            let dist = if options.dist {
-                let row: Vec<f32> = view.row(i).iter().map(|v| v.to_f32()).collect();
-                Some(distribution(&row, &requests[i])?)
-            } else {
-                None
-            };
-            Ok(Answer::new(&sampled, dist))
-        })
-        .collect())
+    let results = sample_batch(&view, &requests).map_err(shape_error)?;
+    let group = match options.dist {
+        true => (DIST_GROUP_BYTES / vocab.saturating_mul(8).max(1)).max(1),
+        false => BLOCK,
+    };
+    let mut results = results.into_iter().enumerate();
+    loop {
+        let rows: Vec<_> = results.by_ref().take(group).collect();
+        if rows.is_empty() {
+            break;
+        }
+        let answers: Vec<Prepared<Reply<Answer, RowError>>> = rows
+            .into_par_iter()
+            .map(|(i, result)| {
+                Prepared::new(Reply(result.map_err(RowError::from).and_then(|sampled| {
+                    output::check_top_logprobs(&sampled)?;
+                    let dist = match options.dist {
+                        true => Some(distribution(&row_f32(i), &requests[i])?),
+                        false => None,
+                    };
+                    Ok(Answer::new(&sampled, dist))
+                })))
+            })
+            .collect();
+        for answer in &answers {
+            answer.write(out)?;
+        }
+    }
+    out.flush()?;
+    Ok(())
 }

@@ -638,10 +638,12 @@ fn input_files_and_exit_statuses() {
     std::fs::write(&file, format!("{{{COMMON}}}\n")).unwrap();
     let got = answers(&run(&["--input", file.to_str().unwrap()], ""));
     assert_eq!(got[0]["valid_rows"], json!(6));
+    // An unreadable input is a failure at run time: exit 1 with one error line.
     for path in [dir.join("missing.jsonl"), dir.clone()] {
         let out = run(&["--input", path.to_str().unwrap()], "");
-        assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
         assert!(text(&out.stderr).starts_with("error: cannot open"));
+        assert_eq!(text(&out.stderr).lines().count(), 1);
     }
     // Bad flags: clap's usage message, exit 2 (--tensors needs --attrs, and --attrs needs
     // --tensors).
@@ -760,7 +762,7 @@ fn safetensors_calls_give_the_json_calls_answers() {
 }
 
 #[test]
-fn safetensors_call_errors_are_answers_and_unusable_inputs_exit_2() {
+fn safetensors_call_errors_are_answers_and_unusable_inputs_exit_1() {
     let dir = temp_dir("tensor-errors");
     let base = || {
         vec![
@@ -830,40 +832,49 @@ fn safetensors_call_errors_are_answers_and_unusable_inputs_exit_2() {
         assert_eq!(k, kind, "case {i}: {m}");
         assert!(m.contains(needle), "case {i}: {needle:?} not in {m:?}");
     }
-    // Exit 2: not a file, not safetensors, bad --attrs.
+    // Exit 1: not a file, not safetensors, a bad --attrs file; exit 2: a bad inline --attrs.
     let bad_attrs_file = dir.join("bad-attrs.json");
     std::fs::write(&bad_attrs_file, r#"{"expert_num": 4,"#).unwrap();
     let good = dir.join("good.safetensors");
     write_tensors(&good, &base());
     let junk = dir.join("junk.safetensors");
     std::fs::write(&junk, b"not a safetensors file").unwrap();
-    for (path, attrs, needle) in [
-        (dir.join("missing.safetensors"), attrs, "cannot read"),
-        (junk, attrs, "not a safetensors file"),
-        (good.clone(), "{}", "--attrs: missing field `expert_num`"),
+    for (path, attrs, status, needle) in [
+        (
+            dir.join("missing.safetensors"),
+            attrs,
+            1,
+            "cannot read --tensors",
+        ),
+        (junk, attrs, 1, "not a safetensors file"),
+        (good.clone(), "{}", 2, "--attrs: missing field `expert_num`"),
         (
             good.clone(),
             r#"{"expert_num": 4, "x_dtype": "f16"}"#,
+            2,
             "--attrs: x_dtype: unknown field `x_dtype`",
         ),
         (
             good.clone(),
             r#"{"expert_num": "4"}"#,
+            2,
             "--attrs: expert_num: invalid type",
         ),
         (
             good.clone(),
             "nonsense",
+            2,
             "neither a readable file nor a JSON object",
         ),
         (
             good,
             bad_attrs_file.to_str().unwrap(),
+            1,
             "bad-attrs.json: invalid JSON",
         ),
     ] {
         let out = run_tensors(&path, attrs);
-        assert_eq!(out.status.code(), Some(2), "{path:?} {attrs:?}");
+        assert_eq!(out.status.code(), Some(status), "{path:?} {attrs:?}");
         let err = text(&out.stderr);
         assert!(err.starts_with("error: ") && err.contains(needle), "{err}");
         assert!(out.stdout.is_empty());
@@ -906,4 +917,83 @@ fn an_output_larger_than_memory_is_an_error_answer() {
         "{message}"
     );
     assert_eq!(got[1]["valid_rows"], 6);
+}
+
+/// An `expanded_x` that fits in memory once but not twice (400 MB of f32 under a 1 GB
+/// address space) is answered in full, written straight from the operator's output, and the
+/// next line is still answered. Before, the answer copied `expanded_x` (and then serialised
+/// it into a third buffer) and the run aborted: "memory allocation of 536870912 bytes failed".
+#[cfg(unix)]
+#[test]
+fn an_expanded_x_that_fits_once_but_not_twice_is_answered() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::process::{Command, Stdio};
+    let (h, k) = (10_000, 10_000);
+    let zeros = |n: usize| vec!["0"; n].join(",");
+    let input = format!(
+        "{{\"x\": [[{}]], \"expert_idx\": [[{}]], \"expert_num\": 1}}\n{{{COMMON}}}\n",
+        zeros(h),
+        zeros(k)
+    );
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -v 1000000 && exec \"$0\" moe-init-routing")
+        .arg(env!("CARGO_BIN_EXE_nucleus"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run nucleus under sh");
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+    let mut stdout = BufReader::with_capacity(1 << 20, child.stdout.take().unwrap());
+    // The first answer, 400 MB, read in pieces: its start, its length, its end.
+    let mut head = vec![0u8; 32];
+    stdout.read_exact(&mut head).unwrap();
+    assert_eq!(&head, b"{\"expanded_x\":[[0.0,0.0,0.0,0.0,");
+    let mut len = head.len();
+    let mut tail = Vec::new();
+    loop {
+        let buf = stdout.fill_buf().unwrap();
+        assert!(!buf.is_empty(), "the first answer ends early");
+        match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => {
+                tail.extend_from_slice(&buf[..i]);
+                len += i;
+                stdout.consume(i + 1);
+                break;
+            }
+            None => {
+                let n = buf.len();
+                tail.extend_from_slice(buf);
+                tail.drain(..tail.len().saturating_sub(200));
+                len += n;
+                stdout.consume(n);
+            }
+        }
+    }
+    let tail = String::from_utf8_lossy(&tail[tail.len().saturating_sub(120)..]).into_owned();
+    assert!(
+        tail.ends_with(
+            r#"9998,9999],"expert_tokens":null,"expanded_scale":null,"valid_rows":10000}"#
+        ),
+        "{tail}"
+    );
+    // [K rows][H values] of "0.0", and the row indices 0..K.
+    let row_idx: usize = (0..k).map(|i| i.to_string().len() + 1).sum();
+    assert!(len > 4 * h * k + row_idx, "{len} bytes");
+    let mut second = String::new();
+    stdout.read_line(&mut second).unwrap();
+    let second: Value = serde_json::from_str(&second).unwrap();
+    assert_eq!(second["valid_rows"], 6);
+    let status = child.wait().unwrap();
+    writer.join().unwrap().unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(status.success(), "{err}");
 }

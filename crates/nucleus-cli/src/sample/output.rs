@@ -38,6 +38,32 @@ struct TopEntry {
     logprob: JsonF64,
 }
 
+/// f64 values written as a JSON list of [`JsonF64`], straight from the slice.
+fn f64_list<S: Serializer>(values: &[f64], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(values.iter().map(|&v| JsonF64(v)))
+}
+
+fn optional_f64_list<S: Serializer>(values: &Option<Vec<f64>>, s: S) -> Result<S::Ok, S::Error> {
+    match values {
+        Some(v) => f64_list(v, s),
+        None => s.serialize_none(),
+    }
+}
+
+/// The `top_logprobs` field: the one list of the row's top entries, written once per sampled
+/// token (the `n` samples share one distribution) without being copied `n` times.
+#[derive(Debug)]
+struct Repeated {
+    list: Vec<TopEntry>,
+    times: usize,
+}
+
+impl Serialize for Repeated {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(std::iter::repeat_n(&self.list, self.times))
+    }
+}
+
 /// The answer for a row that was sampled.
 ///
 /// `tokens` holds the `n` samples in sample order; `logprobs` their log-probabilities of the
@@ -45,17 +71,22 @@ struct TopEntry {
 /// `top_logprobs` one list per sampled token (the same list `n` times: the samples share one
 /// distribution), empty lists when not asked; `num_candidates` the tokens with non-zero final
 /// probability; `seed` the seed used; `dist`, with `--dist`, the final distribution over the
-/// whole row (zeros for removed tokens and for ids at or above `vocab_size`).
+/// whole row (zeros for removed tokens and for ids at or above `vocab_size`), written straight
+/// from the distribution's own vector.
 #[derive(Debug, Serialize)]
 pub struct Answer {
     tokens: Vec<u32>,
-    logprobs: Vec<JsonF64>,
+    #[serde(serialize_with = "f64_list")]
+    logprobs: Vec<f64>,
     logprobs_kind: &'static str,
-    top_logprobs: Vec<Vec<TopEntry>>,
+    top_logprobs: Repeated,
     num_candidates: usize,
     seed: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    dist: Option<Vec<JsonF64>>,
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "optional_f64_list"
+    )]
+    dist: Option<Vec<f64>>,
 }
 
 impl Answer {
@@ -64,7 +95,7 @@ impl Answer {
         let tokens: Vec<u32> = output.tokens().collect();
         let (logprobs, kind, top) = match &output.logprobs {
             Some(l) => (
-                l.sampled.iter().map(|&v| JsonF64(v)).collect(),
+                l.sampled.clone(),
                 l.kind,
                 l.top
                     .iter()
@@ -77,20 +108,22 @@ impl Answer {
             None => (
                 std::iter::once(output.logprob)
                     .chain(output.extra_samples.iter().map(|s| s.logprob))
-                    .map(JsonF64)
                     .collect(),
                 LogprobsKind::Processed,
                 Vec::new(),
             ),
         };
         Self {
-            top_logprobs: vec![top; tokens.len()],
+            top_logprobs: Repeated {
+                list: top,
+                times: tokens.len(),
+            },
             tokens,
             logprobs,
             logprobs_kind: kind.as_str(),
             num_candidates: output.num_candidates,
             seed: output.seed,
-            dist: dist.map(|d| d.into_iter().map(JsonF64).collect()),
+            dist,
         }
     }
 }
@@ -173,24 +206,7 @@ impl From<SampleError> for RowError {
     }
 }
 
-#[derive(Serialize)]
-struct ErrorLine<'a> {
-    error: &'a RowError,
-}
-
 /// One output line (without its newline): the answer, or `{"error": {"kind", "message"}}`.
 pub fn line(result: &Result<Answer, RowError>) -> Vec<u8> {
-    let bytes = match result {
-        Ok(answer) => serde_json::to_vec(answer),
-        Err(error) => serde_json::to_vec(&ErrorLine { error }),
-    };
-    // Serializing these plain structs (no maps with non-string keys, no failing Serialize
-    // impls) cannot fail; keep a well-formed line if it ever did.
-    bytes.unwrap_or_else(|e| {
-        let error = RowError {
-            kind: "internal",
-            message: format!("could not write the answer: {e}"),
-        };
-        serde_json::to_vec(&ErrorLine { error: &error }).unwrap_or_default()
-    })
+    crate::answer::to_line(&crate::answer::Reply(result.as_ref()))
 }

@@ -2,7 +2,6 @@
 //! the parameters of its rows.
 
 use std::fmt;
-use std::path::Path;
 
 use half::{bf16, f16};
 use safetensors::{Dtype, SafeTensors};
@@ -11,6 +10,7 @@ use serde::Deserialize;
 
 use super::input::{Object, ParamsInput};
 use super::{from_json, JsonError};
+use crate::input::shown;
 
 /// The `logits` tensor, copied out of the file into a vector of its own element type (the
 /// file's bytes carry no alignment guarantee, so they are never reinterpreted in place).
@@ -35,40 +35,43 @@ pub struct LogitsTensor {
     pub data: LogitsData,
 }
 
-/// Reads the tensor named `logits` from the safetensors file at `path`.
+/// Most tensor names listed in the error for a file without a `logits` tensor.
+const NAMES_SHOWN: usize = 16;
+
+/// Reads the tensor named `logits` from a safetensors file's bytes (`nucleus sample --logits`
+/// reads the file, then calls this).
 ///
 /// # Errors
-/// A message when the file cannot be read or parsed, has no tensor named `logits`, or that
-/// tensor is not of rank 2, has no columns, or is not f32, f16 or bf16.
-pub fn read_logits(path: &Path) -> Result<LogitsTensor, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let file = SafeTensors::deserialize(&bytes)
-        .map_err(|e| format!("{} is not a safetensors file: {e}", path.display()))?;
+/// A message (without the file name) when the bytes are not a safetensors file, have no
+/// tensor named `logits`, or that tensor is not of rank 2, has no columns, or is not f32, f16
+/// or bf16.
+pub fn logits_from_bytes(bytes: &[u8]) -> Result<LogitsTensor, String> {
+    let file =
+        SafeTensors::deserialize(bytes).map_err(|e| format!("not a safetensors file: {e}"))?;
     let tensor = file.tensor("logits").map_err(|_| {
         let mut names = file.names();
         names.sort_unstable();
+        let mut listed: Vec<String> = names.iter().take(NAMES_SHOWN).map(|n| shown(n)).collect();
+        if names.len() > NAMES_SHOWN {
+            listed.push(format!("and {} more", names.len() - NAMES_SHOWN));
+        }
         format!(
-            "{} has no tensor named `logits` (it has: {})",
-            path.display(),
-            if names.is_empty() {
+            "no tensor named `logits` (it has: {})",
+            if listed.is_empty() {
                 "none".to_string()
             } else {
-                names.join(", ")
+                listed.join(", ")
             }
         )
     })?;
     let &[batch, vocab] = tensor.shape() else {
         return Err(format!(
-            "tensor `logits` in {} has shape {:?}: expected rank 2, [batch, vocab]",
-            path.display(),
+            "tensor `logits` has shape {:?}: expected rank 2, [batch, vocab]",
             tensor.shape()
         ));
     };
     if vocab == 0 {
-        return Err(format!(
-            "{}: the logits tensor has 0 columns: at least one token is needed",
-            path.display()
-        ));
+        return Err("the logits tensor has 0 columns: at least one token is needed".to_string());
     }
     let raw = tensor.data();
     let width = match tensor.dtype() {
@@ -76,15 +79,13 @@ pub fn read_logits(path: &Path) -> Result<LogitsTensor, String> {
         Dtype::F16 | Dtype::BF16 => 2,
         other => {
             return Err(format!(
-                "tensor `logits` in {} has dtype {other:?}: expected F32, F16 or BF16",
-                path.display()
+                "tensor `logits` has dtype {other:?}: expected F32, F16 or BF16"
             ))
         }
     };
     if Some(raw.len()) != batch.checked_mul(vocab).and_then(|n| n.checked_mul(width)) {
         return Err(format!(
-            "tensor `logits` in {} holds {} bytes, not the {batch} x {vocab} x {width} its shape needs",
-            path.display(),
+            "tensor `logits` holds {} bytes, not the {batch} x {vocab} x {width} its shape needs",
             raw.len()
         ));
     }
@@ -142,17 +143,16 @@ impl<'de> Deserialize<'de> for ParamsFile {
     }
 }
 
-/// Reads `--params FILE.json`. The file is read as it is written (not through a JSON value,
-/// which would keep only the last of two equal `logit_bias` keys); a wrong field is named by
-/// its JSON path (`[2].seed: ...` for the third object of a list).
+/// Reads the bytes of `--params FILE.json`. The text is read as it is written (not through a
+/// JSON value, which would keep only the last of two equal `logit_bias` keys); a wrong field is
+/// named by its JSON path (`[2].seed: ...` for the third object of a list).
 ///
 /// # Errors
-/// A message when the file cannot be read, is not JSON, or is not an object or a list of
-/// objects of [`ParamsInput`] fields.
-pub fn read_params(path: &Path) -> Result<ParamsFile, String> {
-    let text = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    from_json::<ParamsFile>(&text).map_err(|e| match e {
-        JsonError::Syntax(e) => format!("{} is not valid JSON: {e}", path.display()),
-        JsonError::Shape(message) => format!("{}: {message}", path.display()),
+/// A message (without the file name) when the bytes are not JSON, or not an object or a list
+/// of objects of [`ParamsInput`] fields.
+pub fn params_from_bytes(text: &[u8]) -> Result<ParamsFile, String> {
+    from_json::<ParamsFile>(text).map_err(|e| match e {
+        JsonError::Syntax(e) => format!("not valid JSON: {e}"),
+        JsonError::Shape(message) => message,
     })
 }

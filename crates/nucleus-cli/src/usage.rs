@@ -1,0 +1,40 @@
+//! Exit statuses shared by every command (`nucleus grammar validate` keeps grep's convention
+//! instead: 0 accepted, 1 rejected, 2 any error):
+//!
+//! - 0: the work was done (in the JSON-lines commands, an error answer is an answer);
+//! - 1: a failure at run time: an unreadable or unusable input file, a file larger than
+//!   `--max-input-bytes`, a missing model, a size whose memory cannot be had, a failed write;
+//! - 2: a flag value outside its type or domain, or a flag that has no effect in the given
+//!   combination: clap's own message and usage hint, or one `error: ...` line from a
+//!   [`UsageError`] for the checks clap cannot express.
+
+use std::fmt;
+
+/// A flag value outside its domain, or a flag that has no effect with the others: exit
+/// status 2. Commands return it inside their `anyhow::Error`, and `main` picks the status by
+/// downcasting.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UsageError(pub String);
+
+impl UsageError {
+    /// A usage error with this message.
+    pub fn new(message: impl Into<String>) -> Self {
+        UsageError(message.into())
+    }
+}
+
+impl fmt::Display for UsageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// The exit status of a usage error.
+pub const USAGE_STATUS: u8 = 2;
+
+/// Whether `e` (or one of its causes) is a [`UsageError`].
+pub fn is_usage(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.downcast_ref::<UsageError>().is_some())
+}
