@@ -339,6 +339,14 @@ fn rows_that_are_not_whole_blocks_are_refused() {
             "of type Q4K has rows of 64 elements (dimension 0), not a multiple of its block \
              size 256",
         ),
+        // 33 elements: not even the element count is whole blocks.
+        (
+            "output_norm.weight",
+            vec![33],
+            8,
+            "of type Q8_0 has rows of 33 elements (dimension 0), not a multiple of its block \
+             size 32",
+        ),
         // 1,024 elements are 32 whole Q8_0 blocks, but rows of 16 are not.
         (
             "blk.0.attn_q.weight",
