@@ -1,6 +1,87 @@
 //! Speed measurements run by `nucleus bench` and by the criterion benchmarks in `benches/`:
 //! one implementation of each workload and baseline, shared by both.
+//!
+//! Every run checks its flags first (a value outside its domain is a
+//! [`UsageError`](crate::usage::UsageError), exit status 2), then computes the bytes of its
+//! buffers with checked arithmetic and reserves them all at once ([`reserve`]) before any work
+//! and before the table's first line: a size the machine cannot hold is one `error:` line,
+//! exit status 1, never an abort midway.
 
 pub mod moe;
 pub mod npu_sample;
 pub mod sampling;
+
+use anyhow::{bail, Result};
+
+/// Sums byte counts with checked arithmetic: `None` when the sum (or a part, `None`)
+/// overflows `usize`.
+pub(crate) fn total(parts: &[Option<usize>]) -> Option<usize> {
+    parts
+        .iter()
+        .try_fold(0usize, |sum, &part| sum.checked_add(part?))
+}
+
+/// `a * b * c` bytes with checked arithmetic.
+pub(crate) fn product(factors: &[usize]) -> Option<usize> {
+    factors.iter().try_fold(1usize, |p, &f| p.checked_mul(f))
+}
+
+/// Checks that `bytes` of buffers (`None`: more than `usize` can count) can be had: no more
+/// than the machine's memory and swap (Linux: `MemTotal + SwapTotal` of `/proc/meminfo`, so the
+/// answer does not depend on the overcommit setting), and reserved in one allocation that is
+/// freed again (nothing is touched, so this costs no time; an address-space limit, `ulimit -v`,
+/// refuses it). A benchmark that cannot fit is refused before it starts rather than killed
+/// midway.
+///
+/// # Errors
+/// Either check fails: a message naming `what` and the bytes.
+pub fn reserve(bytes: Option<usize>, what: &str) -> Result<()> {
+    let Some(bytes) = bytes else {
+        bail!("{what} need more bytes than this machine can address");
+    };
+    let too_large = || {
+        anyhow::anyhow!(
+            "{what} need {bytes} bytes ({:.1} GiB) of buffers, which cannot be allocated here",
+            bytes as f64 / f64::from(1u32 << 30)
+        )
+    };
+    if memory_and_swap().is_some_and(|m| bytes as u64 > m) {
+        return Err(too_large());
+    }
+    let mut probe: Vec<u8> = Vec::new();
+    if probe.try_reserve_exact(bytes).is_err() {
+        return Err(too_large());
+    }
+    Ok(())
+}
+
+/// The machine's memory and swap in bytes (`MemTotal + SwapTotal` of `/proc/meminfo`); `None`
+/// where that file is not there or not understood.
+fn memory_and_swap() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb = |key: &str| -> Option<u64> {
+        let line = info.lines().find(|l| l.starts_with(key))?;
+        line[key.len()..].trim().strip_suffix("kB")?.trim().parse().ok()
+    };
+    Some(kb("MemTotal:")?.checked_add(kb("SwapTotal:").unwrap_or(0))? * 1024)
+}
+
+/// A vector of `len` elements from `values`, its memory reserved first.
+///
+/// # Errors
+/// The reservation fails (a message naming `what`).
+pub(crate) fn try_collect<T>(
+    len: usize,
+    values: impl Iterator<Item = T>,
+    what: &str,
+) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    if v.try_reserve_exact(len).is_err() {
+        bail!(
+            "{what}: {len} elements of {} bytes cannot be allocated",
+            std::mem::size_of::<T>()
+        );
+    }
+    v.extend(values.take(len));
+    Ok(v)
+}

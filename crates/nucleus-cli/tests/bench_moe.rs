@@ -93,10 +93,47 @@ fn bench_moe_runs_f32_on_one_thread() {
     assert!(stdout.contains("| 3 | 32 | unpermute |"), "{stdout}");
 }
 
+/// Every shape's flags are checked, and the largest shape's memory reserved, before the
+/// table's first line: a flag outside its domain is exit status 2, a size that cannot be
+/// allocated exit status 1, one `error:` line either way. (Before, the header was printed
+/// first, a bad shape was exit 1, and `--rows 1000000 --hidden 100000` aborted.)
 #[test]
-fn bench_moe_rejects_more_experts_per_token_than_experts() {
-    let out = bench_moe(&["--rows", "1", "--hidden", "8", "--k", "9", "--experts", "8"]);
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.starts_with("error: N 1, H 8: --k 9"), "{stderr}");
+fn bench_moe_checks_every_shape_before_the_table() {
+    for (args, status, message) in [
+        (
+            &["--rows", "1", "--hidden", "8", "--k", "9", "--experts", "8"][..],
+            2,
+            "error: --k 9: K distinct experts per token need K <= E = 8\n",
+        ),
+        (
+            &["--rows", "1", "0", "--hidden", "8"],
+            2,
+            "error: --rows must be at least 1\n",
+        ),
+        (
+            &["--rows", "1", "--hidden", "8", "--experts", "0"],
+            2,
+            "error: --experts 0: must be in 1..=10240\n",
+        ),
+        (
+            &["--rows", "1", "--hidden", "8", "--threads", "0"],
+            2,
+            "error: --threads must be at least 1\n",
+        ),
+        (
+            &["--rows", "300000000", "--hidden", "8"],
+            2,
+            "error: --rows 300000000 x --k 8: N * K must be at most 2^31 - 1 (the row indices are i32)\n",
+        ),
+        (
+            &["--rows", "1", "1000000", "--hidden", "100000"],
+            1,
+            "error: the largest shape, N 1000000 x H 100000 x K 8, and its outputs need 7300256000000 bytes (6798.9 GiB) of buffers, which cannot be allocated here\n",
+        ),
+    ] {
+        let out = bench_moe(args);
+        assert_eq!(out.status.code(), Some(status), "{args:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stderr), message, "{args:?}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
 }

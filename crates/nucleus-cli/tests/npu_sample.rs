@@ -5,8 +5,8 @@
 mod common;
 
 use common::{
-    answers, bf16_bytes, f16_bytes, f32_bytes, i32_bytes, nucleus, run_subcommand, temp_dir, text,
-    write_tensors, TensorSpec,
+    answers, bf16_bytes, f16_bytes, f32_bytes, i32_bytes, i64_bytes, nucleus, run_subcommand,
+    temp_dir, text, write_tensors, TensorSpec,
 };
 use std::path::Path;
 use std::process::Output;
@@ -379,11 +379,12 @@ fn input_files_and_exit_statuses() {
     .unwrap();
     let got = answers(&run(&["--input", file.to_str().unwrap()], ""));
     assert_eq!(got[0]["logits_select_idx"], json!([1]));
-    // Unreadable input: exit 2 with one error line.
+    // Unreadable input, a failure at run time: exit 1 with one error line.
     for path in [dir.join("missing.jsonl"), dir.clone()] {
         let out = run(&["--input", path.to_str().unwrap()], "");
-        assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
         assert!(text(&out.stderr).starts_with("error: cannot open"));
+        assert_eq!(text(&out.stderr).lines().count(), 1);
     }
     // Bad flags: clap's usage message, exit 2.
     for args in [
@@ -476,7 +477,7 @@ fn safetensors_calls_equal_the_library() {
 }
 
 #[test]
-fn safetensors_call_errors_are_answers_and_unreadable_files_exit_2() {
+fn safetensors_call_errors_are_answers_and_unreadable_files_exit_1() {
     let dir = temp_dir("tensor-errors");
     let logits = f32_bytes(&[1.0, 2.0, 3.0, 4.0]);
     let base = || {
@@ -493,9 +494,21 @@ fn safetensors_call_errors_are_answers_and_unreadable_files_exit_2() {
     let mut c = base();
     c.push(("min_p", Dtype::F32, vec![2], f32_bytes(&[0.1, 0.1])));
     cases.push((c, "invalid_call", "unknown tensor `min_p`"));
+    // Each dtype message names every accepted dtype once (never "F32 ... or F32").
     let mut c = base();
-    c[1] = ("top_k", Dtype::I64, vec![2], vec![0; 16]);
-    cases.push((c, "dtype_mismatch", "`top_k` is I64"));
+    c[1] = ("top_k", Dtype::U8, vec![2], vec![0; 2]);
+    cases.push((
+        c,
+        "dtype_mismatch",
+        "tensor `top_k` is U8: expected I32 or I64",
+    ));
+    let mut c = base();
+    c[1] = ("top_k", Dtype::I64, vec![2], i64_bytes(&[1, 1 << 31]));
+    cases.push((
+        c,
+        "invalid_call",
+        "tensor `top_k` (I64) holds 2147483648 at index 1: top_k values must fit in i32",
+    ));
     let mut c = base();
     c[0] = (
         "logits",
@@ -504,10 +517,35 @@ fn safetensors_call_errors_are_answers_and_unreadable_files_exit_2() {
         bf16_bytes(&[1.0, 2.0, 3.0, 4.0]),
     );
     c[2] = ("top_p", Dtype::F16, vec![2], f16_bytes(&[1.0, 1.0]));
-    cases.push((c, "dtype_mismatch", "`top_p` is f16, but must be bf16"));
+    cases.push((
+        c,
+        "dtype_mismatch",
+        "tensor `top_p` is F16: expected BF16 (the dtype of `logits`) or F32",
+    ));
+    let mut c = base();
+    c[2] = ("top_p", Dtype::F16, vec![2], f16_bytes(&[1.0, 1.0]));
+    cases.push((
+        c,
+        "dtype_mismatch",
+        "tensor `top_p` is F16: expected F32 (the dtype of `logits`)",
+    ));
+    let mut c = base();
+    c[2] = ("top_p", Dtype::I32, vec![2], i32_bytes(&[1, 1]));
+    cases.push((
+        c,
+        "dtype_mismatch",
+        "tensor `top_p` is I32: expected F32 (the dtype of `logits`)",
+    ));
     let mut c = base();
     c.push(("min_ps", Dtype::F16, vec![2], f16_bytes(&[0.1, 0.1])));
-    cases.push((c, "dtype_mismatch", "`min_ps` is F16 but `top_p` is F32"));
+    cases.push((
+        c,
+        "dtype_mismatch",
+        "tensor `min_ps` is F16: expected F32, the dtype of `top_p`",
+    ));
+    let mut c = base();
+    c.push(("q", Dtype::F16, vec![2, 2], f16_bytes(&[1.0; 4])));
+    cases.push((c, "dtype_mismatch", "tensor `q` is F16: expected F32"));
     let mut c = base();
     c.push(("q", Dtype::F32, vec![2, 3], f32_bytes(&[1.0; 6])));
     cases.push((c, "shape_mismatch", "tensor `q` has shape [2, 3]"));
@@ -528,29 +566,42 @@ fn safetensors_call_errors_are_answers_and_unreadable_files_exit_2() {
         let (k, m) = error_of(&got[0]);
         assert_eq!(k, kind, "case {i}: {m}");
         assert!(m.contains(needle), "case {i}: {needle:?} not in {m:?}");
+        assert!(!m.contains("F32 (the dtype of `logits`) or F32"), "{m}");
     }
-    // Exit 2: not a file, not safetensors, bad --attrs.
+    // Exit 1: not a file, not safetensors; exit 2: a bad inline --attrs.
     let good = dir.join("good.safetensors");
     write_tensors(&good, &base());
     let junk = dir.join("junk.safetensors");
     std::fs::write(&junk, b"not a safetensors file").unwrap();
-    for (path, attrs, needle) in [
-        (dir.join("missing.safetensors"), None, "cannot read"),
-        (junk, None, "not a safetensors file"),
+    for (path, attrs, status, needle) in [
+        (
+            dir.join("missing.safetensors"),
+            None,
+            1,
+            "cannot read --tensors",
+        ),
+        (junk, None, 1, "not a safetensors file"),
         (
             good.clone(),
             Some("{\"ks_max\": \"big\"}"),
+            2,
             "--attrs: ks_max",
         ),
-        (good.clone(), Some("{\"kmax\": 3}"), "unknown field `kmax`"),
+        (
+            good.clone(),
+            Some("{\"kmax\": 3}"),
+            2,
+            "unknown field `kmax`",
+        ),
         (
             good,
             Some("nonsense"),
+            2,
             "neither a readable file nor a JSON object",
         ),
     ] {
         let out = run_tensors(&path, attrs);
-        assert_eq!(out.status.code(), Some(2), "{path:?} {attrs:?}");
+        assert_eq!(out.status.code(), Some(status), "{path:?} {attrs:?}");
         let err = text(&out.stderr);
         assert!(err.starts_with("error: ") && err.contains(needle), "{err}");
     }
@@ -601,10 +652,79 @@ fn bench_npu_sample_prints_every_scenario() {
             );
         }
     }
-    let out = nucleus()
-        .args(["bench", "npu-sample", "--vocab", "10", "--iters", "1"])
+}
+
+/// Flags outside their domain are exit status 2, sizes that cannot be allocated exit status
+/// 1; either way one `error:` line and no table. (Before, `--vocab 100000 --batch 1000000`
+/// aborted: "memory allocation of 400000000000 bytes failed".)
+#[test]
+fn bench_npu_sample_checks_flags_and_sizes_before_the_table() {
+    for (args, status, message) in [
+        (
+            &["--vocab", "10", "--iters", "1"][..],
+            2,
+            "error: --vocab 10: must be in 64..=4294967295\n",
+        ),
+        (&["--batch", "0"], 2, "error: --batch must be at least 1\n"),
+        (&["--threads", "0"], 2, "error: --threads must be at least 1\n"),
+        (&["--iters", "0"], 2, "error: --iters must be at least 1\n"),
+        (
+            &["--vocab", "100000", "--batch", "1000000"],
+            1,
+            "error: --vocab 100000 x --batch 1000000 on 1 thread(s) need 1201026400000 bytes (1118.5 GiB) of buffers, which cannot be allocated here\n",
+        ),
+    ] {
+        let out = nucleus()
+            .args(["bench", "npu-sample"])
+            .args(args)
+            .output()
+            .expect("run nucleus");
+        assert_eq!(out.status.code(), Some(status), "{args:?}");
+        assert_eq!(text(&out.stderr), message);
+        assert!(out.stdout.is_empty());
+    }
+    // The largest vocabulary: 17 GB per matrix; under a 3 GB address space it cannot fit on
+    // any machine.
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -v 3000000 && exec \"$0\" bench npu-sample --vocab 4294967295")
+        .arg(env!("CARGO_BIN_EXE_nucleus"))
         .output()
-        .expect("run nucleus");
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).starts_with("error: --vocab 10"));
+    let err = text(&out.stderr);
+    assert!(
+        err.starts_with("error: --vocab 4294967295 x --batch 1 on 1 thread(s) need ")
+            && err.ends_with("of buffers, which cannot be allocated here\n"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty());
+}
+
+/// PyTorch's default integer type: an I64 `top_k` gives the answer of the same I32 values.
+#[test]
+fn an_i64_top_k_tensor_gives_the_answer_of_its_i32_values() {
+    let dir = temp_dir("i64-top-k");
+    let logits: Vec<f32> = (0..3 * 8).map(|i| ((i * 5) % 7) as f32).collect();
+    let mut got = Vec::new();
+    for (dtype, bytes) in [
+        (Dtype::I32, i32_bytes(&[2, 0, 9])),
+        (Dtype::I64, i64_bytes(&[2, 0, 9])),
+    ] {
+        let path = dir.join(format!("{dtype:?}.safetensors"));
+        write_tensors(
+            &path,
+            &[
+                ("logits", Dtype::F32, vec![3, 8], f32_bytes(&logits)),
+                ("top_k", dtype, vec![3], bytes),
+                ("top_p", Dtype::F32, vec![3], f32_bytes(&[1.0, 0.5, 1.0])),
+            ],
+        );
+        got.push(answers(&run_tensors(
+            &path,
+            Some(r#"{"is_need_logits": true}"#),
+        )));
+    }
+    assert_eq!(got[0], got[1]);
+    assert!(got[0][0].get("error").is_none(), "{:?}", got[0]);
 }

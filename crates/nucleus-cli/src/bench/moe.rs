@@ -42,7 +42,7 @@ use std::ops::BitXor;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use clap::{Args, ValueEnum};
 use half::{bf16, f16};
 use nucleus_moe::{
@@ -52,7 +52,11 @@ use nucleus_moe::{
 use rayon::prelude::*;
 
 use super::sampling::workload::{SplitMix64, DEFAULT_SEED};
-use super::sampling::{fmt_ratio, fmt_us, interleaved_medians, AUTO_BUDGET, AUTO_MIN_RUNS};
+use super::sampling::{
+    check_runs, fmt_ratio, fmt_us, interleaved_medians, AUTO_BUDGET, AUTO_MIN_RUNS,
+};
+use super::{reserve, try_collect};
+use crate::usage::UsageError;
 
 /// The flags of `nucleus bench moe`.
 #[derive(Args, Debug, Clone)]
@@ -315,36 +319,25 @@ impl<T: BenchElement> MoeBench<T> {
     /// checks that they agree exactly (and that unpermute gives `x` back within rounding).
     ///
     /// # Errors
-    /// A bad shape (zero sizes, K > E, E > 10240, N*K past `i32::MAX`), an operator error, or
-    /// a disagreement.
+    /// A bad shape (zero sizes, K > E, E > 10240, N*K past `i32::MAX`: a [`UsageError`]),
+    /// memory that cannot be had, an operator error, or a disagreement.
     pub fn new(shape: Shape, seed: u64) -> Result<Self> {
+        check_shape(shape)?;
         let Shape { n, h, k, e } = shape;
-        ensure!(n >= 1, "--rows must be at least 1");
-        ensure!(h >= 1, "--hidden must be at least 1");
-        ensure!(k >= 1, "--k must be at least 1");
-        ensure!(
-            (1..=10240).contains(&e),
-            "--experts {e}: must be in 1..=10240"
-        );
-        ensure!(
-            k <= e,
-            "--k {k}: K distinct experts per token need K <= E = {e}"
-        );
-        let nk = n
-            .checked_mul(k)
-            .filter(|&nk| nk <= i32::MAX as usize)
-            .with_context(|| format!("N * K = {n} * {k} must be at most 2^31 - 1"))?;
-        nk.checked_mul(h)
-            .and_then(|v| v.checked_mul(std::mem::size_of::<T>()))
-            .filter(|&b| b <= isize::MAX as usize)
-            .with_context(|| format!("N * K * H = {nk} * {h} elements do not fit in memory"))?;
+        let nk = n * k;
+        reserve(
+            shape.buffer_bytes(std::mem::size_of::<T>()),
+            &format!("N {n}, H {h}, K {k}"),
+        )?;
 
         let mut rng = SplitMix64::new(seed);
-        let x: Vec<T> = (0..n * h)
-            .map(|_| T::from_f32(rng.normal() as f32))
-            .collect();
-        let mut expert_idx = Vec::with_capacity(nk);
-        let mut weights = Vec::with_capacity(nk);
+        let x: Vec<T> = try_collect(
+            n * h,
+            std::iter::repeat_with(|| T::from_f32(rng.normal() as f32)),
+            "x",
+        )?;
+        let mut expert_idx = try_collect(nk, std::iter::empty(), "expert_idx")?;
+        let mut weights = try_collect(nk, std::iter::empty(), "the routing weights")?;
         for _ in 0..n {
             let token = expert_idx.len();
             while expert_idx.len() < token + k {
@@ -452,7 +445,7 @@ impl<T: BenchElement> MoeBench<T> {
                 nucleus_int8,
                 reference,
                 reference_int8,
-                floor_out: vec![T::default(); n * h],
+                floor_out: try_collect(n * h, std::iter::repeat(T::default()), "the floor's out")?,
             }),
         })
     }
@@ -572,6 +565,59 @@ impl<T: BenchElement> MoeBench<T> {
     }
 }
 
+/// The flags of one shape in their domains, as [`UsageError`]s: N, H, K at least 1, E in
+/// `1..=10240`, K <= E (K distinct experts per token), N * K at most `i32::MAX` (the row
+/// indices are i32).
+///
+/// # Errors
+/// The first value outside its domain.
+pub fn check_shape(shape: Shape) -> Result<()> {
+    let Shape { n, h, k, e } = shape;
+    let usage = |m: String| Err(anyhow::Error::new(UsageError(m)));
+    if n == 0 {
+        return usage("--rows must be at least 1".into());
+    }
+    if h == 0 {
+        return usage("--hidden must be at least 1".into());
+    }
+    if k == 0 {
+        return usage("--k must be at least 1".into());
+    }
+    if !(1..=10240).contains(&e) {
+        return usage(format!("--experts {e}: must be in 1..=10240"));
+    }
+    if k > e {
+        return usage(format!(
+            "--k {k}: K distinct experts per token need K <= E = {e}"
+        ));
+    }
+    if n.checked_mul(k).is_none_or(|nk| nk > i32::MAX as usize) {
+        return usage(format!(
+            "--rows {n} x --k {k}: N * K must be at most 2^31 - 1 (the row indices are i32)"
+        ));
+    }
+    Ok(())
+}
+
+impl Shape {
+    /// The bytes a shape's measurement holds at its peak for elements of `elem` bytes: `x` and
+    /// its int8 copy; `expert_out`, the shared destination and an allocating call's output
+    /// (`[N*K, H]` each) and their int8 versions; the unpermute outputs (`[N, H]`); the
+    /// routes' ids, weights, indices and scales. `None` when they overflow `usize`.
+    pub fn buffer_bytes(self, elem: usize) -> Option<usize> {
+        let Shape { n, h, k, .. } = self;
+        let nk = n.checked_mul(k)?;
+        let p = super::product;
+        super::total(&[
+            p(&[nk, h, elem, 3]),
+            p(&[nk, h, 2]),
+            p(&[n, h, elem, 4]),
+            p(&[n, h]),
+            p(&[nk, 32]),
+        ])
+    }
+}
+
 /// Dropless, gather index, count `expert_tokens`, `quant`.
 fn attrs(experts: usize, quant: QuantMode) -> MoeInitRoutingAttrs {
     MoeInitRoutingAttrs {
@@ -687,10 +733,46 @@ pub fn median_us<T: BenchElement>(
 /// A bad configuration, an operator error, a disagreement between the methods, or a failed
 /// write.
 pub fn run(args: &BenchMoeArgs, out: &mut (dyn Write + Send)) -> Result<()> {
-    ensure!(args.threads >= 1, "--threads must be at least 1");
-    ensure!(args.iters != Some(0), "--iters must be at least 1");
-    ensure!(!args.rows.is_empty(), "--rows needs at least one value");
-    ensure!(!args.hidden.is_empty(), "--hidden needs at least one value");
+    check_runs(args.threads, args.iters)?;
+    // clap asks for at least one value of each; checked here for callers of the library.
+    if args.rows.is_empty() || args.hidden.is_empty() {
+        bail!(UsageError::new(
+            "--rows and --hidden need at least one value each"
+        ));
+    }
+    // Every shape's flags, and the memory of the largest one, before the table starts.
+    let shapes: Vec<Shape> = args
+        .hidden
+        .iter()
+        .flat_map(|&h| {
+            args.rows.iter().map(move |&n| Shape {
+                n,
+                h,
+                k: args.k,
+                e: args.experts,
+            })
+        })
+        .collect();
+    for &shape in &shapes {
+        check_shape(shape)?;
+    }
+    let elem = match args.dtype {
+        MoeDtype::F32 => 4,
+        MoeDtype::F16 | MoeDtype::Bf16 => 2,
+    };
+    let largest = shapes
+        .iter()
+        .map(|s| (s.buffer_bytes(elem), s))
+        .max_by_key(|(bytes, _)| bytes.unwrap_or(usize::MAX));
+    if let Some((bytes, s)) = largest {
+        reserve(
+            bytes,
+            &format!(
+                "the largest shape, N {} x H {} x K {}, and its outputs",
+                s.n, s.h, s.k
+            ),
+        )?;
+    }
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(args.threads)
         .build()

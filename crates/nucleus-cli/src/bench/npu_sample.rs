@@ -23,7 +23,10 @@ use rayon::prelude::*;
 
 use super::sampling::floors::{self, Isa};
 use super::sampling::workload::{Logits, SplitMix64, DEFAULT_SEED};
-use super::sampling::{fmt_ratio, fmt_us, interleaved_medians, AUTO_BUDGET, AUTO_MIN_RUNS};
+use super::sampling::{
+    check_runs, check_shape, fmt_ratio, fmt_us, interleaved_medians, AUTO_BUDGET, AUTO_MIN_RUNS,
+};
+use super::try_collect;
 
 /// The flags of `nucleus bench npu-sample`.
 #[derive(Args, Debug, Clone)]
@@ -117,21 +120,23 @@ impl NpuBench {
     /// `[batch, vocab]` logits from `seed`, rows without spikes, and `q`.
     ///
     /// # Errors
-    /// `vocab` below 64 or above `u32::MAX`, or `batch` 0.
+    /// `vocab` below 64 or above `u32::MAX`, or `batch` 0 (a
+    /// [`UsageError`](crate::usage::UsageError)); memory that cannot be had.
     pub fn new(batch: usize, vocab: usize, seed: u64) -> Result<Self> {
-        ensure!(
-            (64..=u32::MAX as usize).contains(&vocab),
-            "--vocab {vocab}: must be in 64..=4294967295"
-        );
-        ensure!(batch >= 1, "--batch must be at least 1");
-        let logits = Logits::generate(batch, vocab, seed);
+        check_shape(batch, vocab)?;
+        let logits = Logits::try_generate(batch, vocab, seed)?;
+        let cells = logits.data.len();
         let mut rng = SplitMix64::new(seed ^ 0x9_0E5A);
-        let flat = (0..batch * vocab)
-            .map(|_| (3.0 * rng.normal()) as f32)
-            .collect();
-        let q = (0..batch * vocab)
-            .map(|_| (-(1.0 - rng.next_f64()).ln()) as f32)
-            .collect();
+        let flat = try_collect(
+            cells,
+            std::iter::repeat_with(|| (3.0 * rng.normal()) as f32),
+            "the rows without spikes",
+        )?;
+        let q = try_collect(
+            cells,
+            std::iter::repeat_with(|| (-(1.0 - rng.next_f64()).ln()) as f32),
+            "q",
+        )?;
         Ok(Self { logits, flat, q })
     }
 
@@ -228,14 +233,40 @@ pub fn median_us_per_row(bench: &NpuBench, jobs: &[Job], iters: Option<usize>) -
     interleaved_medians(jobs, bench.logits.batch, iters, |job| bench.run_job(job))
 }
 
+/// Working memory per token of a row, per thread (the operator's weights and candidates, the
+/// reference's sorted pairs and weights): an estimate, counted in [`buffer_bytes`].
+const SCRATCH_BYTES_PER_TOKEN: usize = 24;
+
+/// The bytes of `nucleus bench npu-sample`'s buffers: the logits and their histories, the rows
+/// without spikes, `q`, and every thread's working memory; `None` when they overflow `usize`.
+pub fn buffer_bytes(batch: usize, vocab: usize, threads: usize) -> Option<usize> {
+    let matrix = super::product(&[batch, vocab, 4]);
+    super::total(&[
+        matrix,
+        matrix,
+        matrix,
+        super::product(&[batch, super::sampling::workload::HISTORY, 4]),
+        super::product(&[threads, vocab, SCRATCH_BYTES_PER_TOKEN]),
+    ])
+}
+
 /// Runs the measurement in a rayon pool of `args.threads` threads and writes a Markdown table
-/// to `out`. Before timing, checks that nucleus and the reference choose the same ids.
+/// to `out`. Every flag is checked, and the buffers' memory reserved ([`super::reserve`]),
+/// before any work; before timing, checks that nucleus and the reference choose the same ids.
 ///
 /// # Errors
-/// A bad configuration, a disagreement between the methods, a failed row or a failed write.
+/// A bad configuration (a [`UsageError`](crate::usage::UsageError)), buffers larger than the
+/// memory that can be had, a disagreement between the methods, a failed row or a failed write.
 pub fn run(args: &BenchNpuSampleArgs, out: &mut (dyn Write + Send)) -> Result<()> {
-    ensure!(args.threads >= 1, "--threads must be at least 1");
-    ensure!(args.iters != Some(0), "--iters must be at least 1");
+    check_runs(args.threads, args.iters)?;
+    check_shape(args.batch, args.vocab)?;
+    super::reserve(
+        buffer_bytes(args.batch, args.vocab, args.threads),
+        &format!(
+            "--vocab {} x --batch {} on {} thread(s)",
+            args.vocab, args.batch, args.threads
+        ),
+    )?;
     let bench = NpuBench::new(args.batch, args.vocab, DEFAULT_SEED)?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(args.threads)

@@ -26,10 +26,11 @@ pub mod candle;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{bail, Context, Result};
 use nucleus_sampling::{sample_batch, LogitsView, SampleRequest};
 use rayon::prelude::*;
 
+use crate::usage::UsageError;
 use floors::Isa;
 use workload::{Logits, Workload, HISTORY};
 
@@ -121,18 +122,15 @@ pub struct Bench {
 }
 
 impl Bench {
-    /// Generates `[batch, vocab]` logits from `seed` ([`Logits::generate`]) and the candle
+    /// Generates `[batch, vocab]` logits from `seed` ([`Logits::try_generate`]) and the candle
     /// tensor holding them.
     ///
     /// # Errors
-    /// `vocab` below 64 or above `u32::MAX`, `batch` 0, or candle failing to build the tensor.
+    /// `vocab` below 64 or above `u32::MAX`, `batch` 0 (a [`UsageError`]), memory that cannot
+    /// be had, or candle failing to build the tensor.
     pub fn new(batch: usize, vocab: usize, seed: u64) -> Result<Self> {
-        ensure!(
-            (64..=u32::MAX as usize).contains(&vocab),
-            "--vocab {vocab}: must be in 64..=4294967295"
-        );
-        ensure!(batch >= 1, "--batch must be at least 1");
-        let logits = Logits::generate(batch, vocab, seed);
+        check_shape(batch, vocab)?;
+        let logits = Logits::try_generate(batch, vocab, seed)?;
         Ok(Self {
             #[cfg(feature = "candle-baseline")]
             candle: candle::CandleLogits::new(&logits)?,
@@ -331,15 +329,77 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-/// Runs the whole measurement of `config` in a rayon pool of `config.threads` threads and
-/// writes the table to `out` (Markdown).
+/// `--vocab` in `64..=u32::MAX` and `--batch` at least 1, as [`UsageError`]s.
 ///
 /// # Errors
-/// A bad configuration (zero threads, batch or iterations; vocab below 64), a failed row, or
-/// a failed write.
+/// The first flag outside its domain.
+pub(crate) fn check_shape(batch: usize, vocab: usize) -> Result<()> {
+    if !(64..=u32::MAX as usize).contains(&vocab) {
+        bail!(UsageError::new(format!(
+            "--vocab {vocab}: must be in 64..=4294967295"
+        )));
+    }
+    if batch == 0 {
+        bail!(UsageError::new("--batch must be at least 1"));
+    }
+    Ok(())
+}
+
+/// `--threads` and `--iters` at least 1, as [`UsageError`]s.
+///
+/// # Errors
+/// The first flag outside its domain.
+pub(crate) fn check_runs(threads: usize, iters: Option<usize>) -> Result<()> {
+    if threads == 0 {
+        bail!(UsageError::new("--threads must be at least 1"));
+    }
+    if iters == Some(0) {
+        bail!(UsageError::new("--iters must be at least 1"));
+    }
+    Ok(())
+}
+
+/// Working memory per token of a row, per thread, that the methods keep or take while they
+/// sample (nucleus-sampling's scratch, the sort reference's copies and sorted pairs, candle's
+/// copy and sort): an estimate, counted in [`buffer_bytes`].
+const SCRATCH_BYTES_PER_TOKEN: usize = 48;
+
+/// The bytes of `nucleus bench sampling`'s buffers: the logits, candle's copy of them, the
+/// rows' histories, and every thread's working memory ([`SCRATCH_BYTES_PER_TOKEN`]); `None`
+/// when they overflow `usize`.
+pub fn buffer_bytes(batch: usize, vocab: usize, threads: usize) -> Option<usize> {
+    let logits = super::product(&[batch, vocab, 4]);
+    let candle = if cfg!(feature = "candle-baseline") {
+        logits
+    } else {
+        Some(0)
+    };
+    super::total(&[
+        logits,
+        candle,
+        super::product(&[batch, HISTORY, 4]),
+        super::product(&[threads, vocab, SCRATCH_BYTES_PER_TOKEN]),
+    ])
+}
+
+/// Runs the whole measurement of `config` in a rayon pool of `config.threads` threads and
+/// writes the table to `out` (Markdown). Every flag is checked, and the buffers' memory
+/// reserved ([`super::reserve`]), before any work.
+///
+/// # Errors
+/// A bad configuration (zero threads, batch or iterations; vocab below 64: a
+/// [`UsageError`]), buffers larger than the memory that can be had, a failed row, or a failed
+/// write.
 pub fn run(config: &Config, out: &mut (dyn Write + Send)) -> Result<()> {
-    ensure!(config.threads >= 1, "--threads must be at least 1");
-    ensure!(config.iters != Some(0), "--iters must be at least 1");
+    check_runs(config.threads, config.iters)?;
+    check_shape(config.batch, config.vocab)?;
+    super::reserve(
+        buffer_bytes(config.batch, config.vocab, config.threads),
+        &format!(
+            "--vocab {} x --batch {} on {} thread(s)",
+            config.vocab, config.batch, config.threads
+        ),
+    )?;
     let bench = Bench::new(config.batch, config.vocab, config.seed)?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(config.threads)

@@ -44,7 +44,14 @@ pub struct CandleLogits {
 impl CandleLogits {
     /// Copies `logits` into a tensor (not timed).
     pub fn new(logits: &Logits) -> Result<Self> {
-        let tensor = Tensor::from_slice(&logits.data, (logits.batch, logits.vocab), &Device::Cpu)?;
+        // A copy whose memory is reserved first (candle's own copy would abort when it cannot
+        // be had), moved into the tensor.
+        let copy = crate::bench::try_collect(
+            logits.data.len(),
+            logits.data.iter().copied(),
+            "candle's copy of the logits",
+        )?;
+        let tensor = Tensor::from_vec(copy, (logits.batch, logits.vocab), &Device::Cpu)?;
         Ok(Self { tensor })
     }
 

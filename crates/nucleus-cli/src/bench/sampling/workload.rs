@@ -95,17 +95,30 @@ impl Logits {
     /// Generates `[batch, vocab]` logits from `seed`: normal(0, 3) everywhere, then five spikes
     /// per row at distinct uniform positions with value `base max + U(-2, 8)`; then each row's
     /// previous ids. Rows are drawn one after another from one stream, so row `i` is the same
-    /// for every `batch > i`. Panics if `vocab < 5` or `vocab > u32::MAX`.
+    /// for every `batch > i`. Panics if `vocab < 5` or `vocab > u32::MAX`, or when the memory
+    /// cannot be had ([`Logits::try_generate`] returns an error instead).
     pub fn generate(batch: usize, vocab: usize, seed: u64) -> Self {
-        assert!(
+        Self::try_generate(batch, vocab, seed).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Logits::generate`], with every buffer reserved (fallibly) before it is filled.
+    ///
+    /// # Errors
+    /// `vocab` outside `5..=u32::MAX`, `batch * vocab` overflowing, or memory that cannot be
+    /// had.
+    pub fn try_generate(batch: usize, vocab: usize, seed: u64) -> anyhow::Result<Self> {
+        anyhow::ensure!(
             (SPIKES..=u32::MAX as usize).contains(&vocab),
             "vocab {vocab} outside 5..=u32::MAX"
         );
+        let cells = batch
+            .checked_mul(vocab)
+            .ok_or_else(|| anyhow::anyhow!("{batch} x {vocab} logits overflow usize"))?;
         let mut rng = SplitMix64::new(seed);
-        let mut data = Vec::with_capacity(batch * vocab);
-        let mut spikes = Vec::with_capacity(batch);
-        let mut base_max = Vec::with_capacity(batch);
-        let mut history = Vec::with_capacity(batch);
+        let mut data = crate::bench::try_collect(cells, std::iter::empty(), "the logits")?;
+        let mut spikes = crate::bench::try_collect(batch, std::iter::empty(), "the spikes")?;
+        let mut base_max = crate::bench::try_collect(batch, std::iter::empty(), "the row maxima")?;
+        let mut history = crate::bench::try_collect(batch, std::iter::empty(), "the histories")?;
         for _ in 0..batch {
             let start = data.len();
             data.extend((0..vocab).map(|_| (3.0 * rng.normal()) as f32));
@@ -125,20 +138,20 @@ impl Logits {
             }
             spikes.push(at);
             base_max.push(max);
-            history.push(
-                (0..HISTORY)
-                    .map(|_| rng.below(vocab as u64) as u32)
-                    .collect(),
-            );
+            history.push(crate::bench::try_collect(
+                HISTORY,
+                std::iter::repeat_with(|| rng.below(vocab as u64) as u32),
+                "a history",
+            )?);
         }
-        Self {
+        Ok(Self {
             data,
             batch,
             vocab,
             spikes,
             base_max,
             history,
-        }
+        })
     }
 
     /// Row `i`.
