@@ -9,7 +9,8 @@
 //!
 //! - checks every length against the bytes left in the file *before* allocating for it, and
 //!   allocates fallibly (`try_reserve`), so no file makes it abort or ask for more memory than a
-//!   small multiple of the file's size (at most about 32 bytes per byte of the file);
+//!   small multiple of the file's size (at most about 32 bytes per byte of the file), and at most
+//!   [`MAX_METADATA_ELEMENTS`] array elements in all;
 //! - bounds the nesting of arrays ([`MAX_ARRAY_DEPTH`]; llama.cpp refuses arrays of arrays
 //!   altogether), so no file drives its recursion deep;
 //! - does all offset and size arithmetic checked, never wrapping;
@@ -47,6 +48,11 @@ pub const MAX_KEY_LENGTH: u64 = 65_535;
 pub const MAX_TENSOR_NAME_LENGTH: u64 = 63;
 /// The most dimensions of a tensor (ggml's `GGML_MAX_DIMS`).
 pub const MAX_DIMS: u32 = 4;
+/// The most array elements of all metadata values together. Each becomes a 32-byte candle
+/// `Value` in memory, so this bounds the metadata's memory at 512 MiB whatever the file holds
+/// (real models hold about a million: Llama 3's 128,256 tokens, scores, types and 280,147
+/// merges; Gemma's 256,000 tokens).
+pub const MAX_METADATA_ELEMENTS: u64 = 1 << 24;
 /// The most levels of arrays in one metadata value: an array of arrays of scalars is 2. The spec
 /// allows nesting; llama.cpp refuses any array of arrays; candle allowed 64 levels.
 pub const MAX_ARRAY_DEPTH: usize = 8;
@@ -186,6 +192,7 @@ pub fn read_content<R: Read + Seek>(reader: &mut R, path: &Path) -> Result<Conte
         path,
         pos: 0,
         len,
+        elements: 0,
     };
 
     let magic = input.array::<4>(&|| "the magic `GGUF`".to_string())?;
@@ -537,6 +544,15 @@ fn read_array<R: Read>(
             input.left()
         )));
     }
+    input.elements = input.elements.saturating_add(n);
+    if input.elements > MAX_METADATA_ELEMENTS {
+        return Err(input.invalid(format!(
+            "{} brings the metadata's array elements to {}, more than {MAX_METADATA_ELEMENTS} \
+             in all",
+            what(),
+            input.elements
+        )));
+    }
     let mut values = Vec::new();
     // Bounded by the check above: at most one element per byte left.
     values
@@ -558,6 +574,8 @@ struct Input<'a, R> {
     pos: u64,
     /// The file's length.
     len: u64,
+    /// Array elements read so far, of all metadata values ([`MAX_METADATA_ELEMENTS`]).
+    elements: u64,
 }
 
 impl<R> Input<'_, R> {
@@ -701,6 +719,38 @@ mod tests {
         let m = message(parse(&header(0, 1, &rest)));
         assert!(m.contains("nests arrays more than 8 deep"), "{m}");
         assert!(m.starts_with("metadata `k`[0][0][0][0][0][0][0]"), "{m}");
+    }
+
+    /// 17 million one-byte elements fit in a 17 MB file but would be 540 MB of candle values:
+    /// refused once the metadata's elements pass the budget, whatever the arrays.
+    #[test]
+    fn metadata_elements_past_the_budget_are_refused() {
+        let per = MAX_METADATA_ELEMENTS / 2;
+        let mut rest = Vec::new();
+        for key in [b"a", b"b"] {
+            rest.extend(string(key));
+            rest.extend(TYPE_ARRAY.to_le_bytes());
+            rest.extend(0u32.to_le_bytes()); // uint8 elements
+            rest.extend(per.to_le_bytes());
+            rest.extend(std::iter::repeat_n(1u8, per as usize));
+        }
+        // Exactly the budget is read.
+        let c = parse(&header(0, 2, &rest)).unwrap();
+        assert_eq!(c.metadata.len(), 2);
+        rest.extend(string(b"c"));
+        rest.extend(TYPE_ARRAY.to_le_bytes());
+        rest.extend(0u32.to_le_bytes());
+        rest.extend(1u64.to_le_bytes());
+        rest.push(1);
+        let m = message(parse(&header(0, 3, &rest)));
+        assert_eq!(
+            m,
+            format!(
+                "metadata `c` brings the metadata's array elements to {}, more than {} in all",
+                MAX_METADATA_ELEMENTS + 1,
+                MAX_METADATA_ELEMENTS
+            )
+        );
     }
 
     #[test]

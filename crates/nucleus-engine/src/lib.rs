@@ -57,7 +57,7 @@ pub use engine::{
 };
 pub use error::{EngineError, Result};
 pub use kv_cache::KvCache;
-pub use load::{load_gguf, LoadedModel};
+pub use load::{load_gguf, load_gguf_from, LoadedModel};
 pub use model::{LlamaConfig, LlamaModel, SeqInput};
 pub use nucleus_grammar::{GrammarOptions, GrammarSpec};
 pub use nucleus_sampling::SamplingParams;

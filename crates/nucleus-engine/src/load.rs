@@ -11,7 +11,7 @@
 //! [`crate::gguf::describe`], never printed whole).
 
 use std::fs::File;
-use std::io::BufReader;
+use std::io::{BufReader, Read, Seek};
 use std::path::Path;
 
 use candle_core::quantized::gguf_file::{self, Value};
@@ -73,9 +73,21 @@ pub fn load_gguf(path: &Path, device: &Device) -> Result<LoadedModel> {
         path: path.to_path_buf(),
         source,
     })?;
-    let mut reader = BufReader::new(file);
-    let content = crate::gguf::read_content(&mut reader, path)?;
-    let model = LlamaModel::from_gguf(&content, &mut reader, path, device)?;
+    load_gguf_from(&mut BufReader::new(file), path, device)
+}
+
+/// [`load_gguf`] on a GGUF file already open, or in memory (`std::io::Cursor`): the same
+/// checks and results; `path` only names the file in messages.
+///
+/// # Errors
+/// As [`load_gguf`].
+pub fn load_gguf_from<R: Read + Seek>(
+    reader: &mut R,
+    path: &Path,
+    device: &Device,
+) -> Result<LoadedModel> {
+    let content = crate::gguf::read_content(reader, path)?;
+    let model = LlamaModel::from_gguf(&content, reader, path, device)?;
     let tokenizer = GgufTokenizer::from_gguf(&content).map_err(|e| match e {
         EngineError::Tokenizer(message) => invalid(path, format!("tokenizer: {message}")),
         other => other,
