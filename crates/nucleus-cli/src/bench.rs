@@ -61,7 +61,12 @@ fn memory_and_swap() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     let kb = |key: &str| -> Option<u64> {
         let line = info.lines().find(|l| l.starts_with(key))?;
-        line[key.len()..].trim().strip_suffix("kB")?.trim().parse().ok()
+        line[key.len()..]
+            .trim()
+            .strip_suffix("kB")?
+            .trim()
+            .parse()
+            .ok()
     };
     Some(kb("MemTotal:")?.checked_add(kb("SwapTotal:").unwrap_or(0))? * 1024)
 }

@@ -10,9 +10,11 @@
 //!   counted from 0, with its id and its text (escaped as a Rust string literal);
 //! - `rejected at end of text (the grammar cannot end here)` (exit 1): every token is accepted
 //!   but the text is incomplete;
-//! - `error: ...` on stderr (exit 2): a grammar that does not compile (llguidance's message),
-//!   an unreadable file, a tokenizer or model that cannot be loaded. Bad flags are clap's usage
-//!   message, also exit 2.
+//! - `error: ...` on stderr (exit 2, grep's convention: every error, since 1 is "rejected"): a
+//!   grammar that does not compile (llguidance's message), an unreadable file or one larger
+//!   than `--max-input-bytes` ([`crate::input`]), a tokenizer or model that cannot be loaded,
+//!   `--max-whitespace` without `--json-schema`. Bad flags are clap's usage message, also
+//!   exit 2.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

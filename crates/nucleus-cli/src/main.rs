@@ -11,11 +11,12 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 use nucleus_cli::usage::UsageError;
 use nucleus_engine::{
-    hub, load_gguf, Engine, EngineConfig, FinishReason, GrammarOptions, Request, SamplingParams,
+    hub, load_gguf, Engine, EngineConfig, EngineError, FinishReason, GrammarOptions, Request,
+    SamplingParams,
 };
 
 #[derive(Parser, Debug)]
@@ -276,7 +277,11 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
                 grammar_options,
                 ..Request::new(prompt.clone())
             })
-            .with_context(|| format!("--prompt {index} (request {index})"))?;
+            .map_err(|e| match e {
+                // One grammar for every prompt: its error is not the prompt's.
+                EngineError::Grammar(_) => anyhow::Error::new(e),
+                e => anyhow::Error::new(e).context(format!("--prompt {index} (request {index})")),
+            })?;
         ids.push(info.request_id);
         seeds.push(info.seed);
     }

@@ -43,8 +43,11 @@
 //!
 //! # Exit status
 //!
-//! 0 when every call got an answer (an error answer included); 2 for bad flags, an unreadable
-//! input file, a file that is not safetensors, or a bad `--attrs`; 1 when writing fails.
+//! 0 when every call got an answer (an error answer included, `input_too_large` for a line
+//! longer than `--max-input-bytes` too); 1 for an unreadable input file, one larger than
+//! `--max-input-bytes`, a file that is not safetensors or a bad `--attrs` file, and when
+//! writing fails; 2 for bad flags, an inline `--attrs` that is not a valid object included
+//! ([`crate::usage`]).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -699,7 +702,8 @@ pub fn run_safetensors(
 }
 
 /// Runs `nucleus top-k-top-p-sample` and returns its exit status: 0 when every call got an
-/// answer, 2 for an unusable input, 1 when writing fails (a closed pipe ends quietly with 0).
+/// answer, 1 for an unusable input and when writing fails (a closed pipe ends quietly with 0),
+/// 2 for a bad inline `--attrs`.
 pub fn command(args: &NpuSampleArgs) -> ExitCode {
     let limit = args.limit.max_input_bytes;
     crate::sample::run_command(

@@ -56,16 +56,21 @@
 //!
 //! # Safetensors
 //!
-//! [`run_safetensors`] reads a `[batch, vocab]` tensor named `logits` (f32, f16 or bf16),
-//! copies it into a vector of its element type (the file's bytes are not aligned for it) and
-//! samples it with one [`sample_batch`] call; rows have no context (position 0).
+//! [`run_safetensors`] reads the file within `--max-input-bytes`, takes its `[batch, vocab]`
+//! tensor named `logits` (f32, f16 or bf16), copies it into a vector of its element type (the
+//! file's bytes are not aligned for it; they are freed after the copy) and samples it with one
+//! [`sample_batch`] call; rows have no context (position 0). [`answer_safetensors`] does the
+//! same on bytes in memory.
 //!
-//! # Throughput
+//! # Throughput and memory
 //!
 //! A reader thread reads lines while the rows already read are sampled: rows are taken in
 //! blocks of up to [`BLOCK`] lines (as many as have arrived, so an interactive pipe gets its
 //! answer at once), sampled in parallel on the rayon pool, written in input order, and stdout is
-//! flushed after each block.
+//! flushed after each block. A line longer than `--max-input-bytes` is answered
+//! `input_too_large` without being held ([`crate::input::LineReader`]). An answer larger than
+//! [`crate::answer::IN_MEMORY_MAX`] (a `dist` over a large vocabulary) is serialised straight
+//! into the output from the distribution's vector, never as a second copy in memory.
 
 pub mod input;
 pub mod output;
@@ -348,7 +353,7 @@ fn is_blank(line: &[u8]) -> bool {
 /// Answers every line of `input` (JSON lines) on `out`, in input order, one line per
 /// non-blank input line; see the module docs. Reading happens on a thread of its own, so
 /// sampling a block overlaps reading the next one; `out` is flushed after every block. A line
-/// longer than `limit` is answered with an `input_too_large` error ([`stream_lines`]).
+/// longer than `limit` is answered with an `input_too_large` error.
 ///
 /// # Errors
 /// [`RunError::Input`] when reading fails (the lines before the failure are answered first);

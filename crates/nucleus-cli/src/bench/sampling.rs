@@ -365,7 +365,7 @@ pub(crate) fn check_runs(threads: usize, iters: Option<usize>) -> Result<()> {
 const SCRATCH_BYTES_PER_TOKEN: usize = 48;
 
 /// The bytes of `nucleus bench sampling`'s buffers: the logits, candle's copy of them, the
-/// rows' histories, and every thread's working memory ([`SCRATCH_BYTES_PER_TOKEN`]); `None`
+/// rows' histories, and every thread's working memory (48 bytes per token, an estimate); `None`
 /// when they overflow `usize`.
 pub fn buffer_bytes(batch: usize, vocab: usize, threads: usize) -> Option<usize> {
     let logits = super::product(&[batch, vocab, 4]);
