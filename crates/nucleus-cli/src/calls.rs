@@ -56,7 +56,10 @@ pub fn parse_call<C: DeserializeOwned>(text: &[u8]) -> Result<C, CallError> {
         .map_err(|e| CallError::new("invalid_json", format!("not valid JSON: not UTF-8 ({e})")))?;
     match from_json::<Object<C>>(text) {
         Ok(Object(call)) => Ok(call),
-        Err(JsonError::Shape(message)) => Err(CallError::invalid_call(message)),
+        Err(JsonError::Shape(message)) => Err(CallError::new(
+            crate::sample::input::allocation_kind(&message, "invalid_call"),
+            message,
+        )),
         Err(JsonError::Syntax(e)) => Err(CallError::new(
             "invalid_json",
             format!("not valid JSON: {e}"),

@@ -77,7 +77,7 @@ use serde::{Deserialize, Serialize, Serializer};
 
 use crate::answer::Reply;
 use crate::input::{read_file, shown, shown_path, InputLimit, MaxInputBytes};
-use crate::sample::input::Lenient;
+use crate::sample::input::{Fallible, Lenient};
 use crate::sample::output::non_finite_name;
 
 /// The flags of `nucleus moe-init-routing`.
@@ -215,9 +215,9 @@ impl AttrsInput {
 #[serde(deny_unknown_fields)]
 pub struct CallInput {
     /// `[N, H]` rows.
-    pub x: Vec<Vec<Lenient>>,
+    pub x: Fallible<Fallible<Lenient>>,
     /// `[N, K]` rows of expert ids.
-    pub expert_idx: Vec<Vec<i32>>,
+    pub expert_idx: Fallible<Fallible<i32>>,
     /// A list, or rows flattened row-major; absent or `null`: none.
     pub scale: Option<Floats>,
     /// A list; absent or `null`: none.
@@ -551,10 +551,10 @@ pub fn parse_call(text: &[u8]) -> Result<CallInput, CallError> {
 
 /// `[N, W]` rows as one row-major vector and W (0 without rows); ragged rows are a `shape`
 /// error naming `field`.
-fn flatten<V: Copy>(field: &str, rows: &[Vec<V>]) -> Result<(Vec<V>, usize), CallError> {
-    let width = rows.first().map_or(0, Vec::len);
-    let mut flat = Vec::with_capacity(rows.len() * width);
-    for (i, row) in rows.iter().enumerate() {
+fn flatten<V: Copy>(field: &str, rows: &[Fallible<V>]) -> Result<(Vec<V>, usize), CallError> {
+    let width = rows.first().map_or(0, |r| r.0.len());
+    let mut flat = reserved(field, rows.len().saturating_mul(width))?;
+    for (i, Fallible(row)) in rows.iter().enumerate() {
         if row.len() != width {
             return Err(CallError::new(
                 "shape",
@@ -568,6 +568,37 @@ fn flatten<V: Copy>(field: &str, rows: &[Vec<V>]) -> Result<(Vec<V>, usize), Cal
         flat.extend_from_slice(row);
     }
     Ok((flat, width))
+}
+
+/// An empty vector with room for `len` elements, reserved fallibly.
+///
+/// # Errors
+/// `allocation`, naming `field`, when the memory cannot be had.
+fn reserved<T>(field: &str, len: usize) -> Result<Vec<T>, CallError> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| {
+        CallError::new(
+            "allocation",
+            format!("{field}: {len} values could not be held in memory"),
+        )
+    })?;
+    Ok(v)
+}
+
+/// The values of `iter` (`len` of them, each or an error) in a vector reserved fallibly.
+///
+/// # Errors
+/// The first element's error, or `allocation` naming `field`.
+fn try_collect<T>(
+    field: &str,
+    len: usize,
+    iter: impl Iterator<Item = Result<T, CallError>>,
+) -> Result<Vec<T>, CallError> {
+    let mut v = reserved(field, len)?;
+    for item in iter {
+        v.push(item?);
+    }
+    Ok(v)
 }
 
 /// `v` rounded (to nearest, ties to even) to a binary format with `p` significand bits and
@@ -597,19 +628,19 @@ fn x_values(values: &[Lenient], width: usize, dtype: XDtype) -> Result<XData, Ca
     };
     macro_rules! floats {
         ($variant:ident, $convert:expr, $ty:literal, $range:literal) => {
-            values
-                .iter()
-                .enumerate()
-                .map(|(i, &Lenient(v))| {
+            try_collect(
+                "x",
+                values.len(),
+                values.iter().enumerate().map(|(i, &Lenient(v))| {
                     let r = $convert(v);
                     if v.is_finite() && r.is_infinite() {
                         Err(beyond(i, v, $ty, $range))
                     } else {
                         Ok(r)
                     }
-                })
-                .collect::<Result<Vec<_>, _>>()
-                .map(XData::$variant)
+                }),
+            )
+            .map(XData::$variant)
         };
     }
     match dtype {
@@ -626,10 +657,10 @@ fn x_values(values: &[Lenient], width: usize, dtype: XDtype) -> Result<XData, Ca
             "bf16",
             "3.39e38"
         ),
-        XDtype::I8 => values
-            .iter()
-            .enumerate()
-            .map(|(i, &Lenient(v))| {
+        XDtype::I8 => try_collect(
+            "x",
+            values.len(),
+            values.iter().enumerate().map(|(i, &Lenient(v))| {
                 if v.fract() == 0.0 && (-128.0..=127.0).contains(&v) {
                     Ok(v as i8)
                 } else {
@@ -638,9 +669,9 @@ fn x_values(values: &[Lenient], width: usize, dtype: XDtype) -> Result<XData, Ca
                         place(i)
                     )))
                 }
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map(XData::I8),
+            }),
+        )
+        .map(XData::I8),
     }
 }
 
@@ -733,21 +764,21 @@ pub fn answer_call(call: CallInput) -> Result<Answer, CallError> {
         row_idx_type: call.row_idx_type,
     }
     .to_attrs()?;
-    if call.x.is_empty() {
+    if call.x.0.is_empty() {
         return Err(CallError::new(
             "shape",
             "x has no rows: a JSON call needs N >= 1 to know H (an N = 0 call can be made with --tensors)",
         ));
     }
-    if call.x.len() != call.expert_idx.len() {
-        return Err(rows_error(call.x.len(), call.expert_idx.len()));
+    if call.x.0.len() != call.expert_idx.0.len() {
+        return Err(rows_error(call.x.0.len(), call.expert_idx.0.len()));
     }
-    let num_rows = call.x.len();
-    let (x, hidden_size) = flatten("x", &call.x)?;
+    let num_rows = call.x.0.len();
+    let (x, hidden_size) = flatten("x", &call.x.0)?;
     // Freed before the operator runs: only the typed `x` is kept.
     drop(call.x);
     let x = x_values(&x, hidden_size, call.x_dtype.unwrap_or_default())?;
-    let (expert_idx, k) = flatten("expert_idx", &call.expert_idx)?;
+    let (expert_idx, k) = flatten("expert_idx", &call.expert_idx.0)?;
     drop(call.expert_idx);
     let tensors = Tensors {
         x,

@@ -65,7 +65,7 @@ use serde::{Deserialize, Serialize, Serializer};
 
 use crate::answer::Reply;
 use crate::input::{read_file, shown, shown_path, InputLimit, MaxInputBytes};
-use crate::sample::input::{Lenient, Row};
+use crate::sample::input::{Fallible, Lenient, Row};
 
 /// The flags of `nucleus top-k-top-p-sample`.
 #[derive(Args, Debug, Clone, Default)]
@@ -167,15 +167,15 @@ impl AttrsInput {
 #[serde(deny_unknown_fields)]
 pub struct CallInput {
     /// `[B, V]`: the rows (logits, or probabilities with `input_is_logits: false`).
-    pub logits: Vec<Row>,
+    pub logits: Fallible<Row>,
     /// `[B]` integers.
-    pub top_k: Vec<i32>,
+    pub top_k: Fallible<i32>,
     /// `[B]`.
-    pub top_p: Vec<Lenient>,
+    pub top_p: Fallible<Lenient>,
     /// `[B, V]` or absent.
-    pub q: Option<Vec<Row>>,
+    pub q: Option<Fallible<Row>>,
     /// `[B]` or absent.
-    pub min_ps: Option<Vec<Lenient>>,
+    pub min_ps: Option<Fallible<Lenient>>,
     /// See [`AttrsInput`].
     pub eps: Option<Lenient>,
     /// See [`AttrsInput`].
@@ -308,7 +308,19 @@ fn matrix(
         Some((_, v)) => v,
         None => rows.first().map_or(0, |r| r.values.len()),
     };
-    let mut flat = Vec::with_capacity(rows.len() * vocab);
+    let mut flat = Vec::new();
+    rows.len()
+        .checked_mul(vocab)
+        .and_then(|n| flat.try_reserve_exact(n).ok())
+        .ok_or_else(|| {
+            CallError::new(
+                "allocation",
+                format!(
+                    "`{field}` [{}, {vocab}] could not be held in memory as one matrix",
+                    rows.len()
+                ),
+            )
+        })?;
     for (b, row) in rows.into_iter().enumerate() {
         let values = row
             .check_range(&format!("{field}[{b}]"))
@@ -362,13 +374,13 @@ pub fn answer_call(call: CallInput) -> Result<Answer, CallError> {
         q_indexing: call.q_indexing,
     }
     .to_options();
-    let batch = call.logits.len();
+    let batch = call.logits.0.len();
     if batch == 0 {
         return Err(CallError::invalid_call(
             "`logits` has no rows: give [batch, vocab] with batch >= 1",
         ));
     }
-    let data = matrix("logits", call.logits, None)?;
+    let data = matrix("logits", call.logits.0, None)?;
     let vocab = data.len() / batch;
     if vocab == 0 {
         return Err(CallError::invalid_call(
@@ -377,20 +389,20 @@ pub fn answer_call(call: CallInput) -> Result<Answer, CallError> {
     }
     let q = call
         .q
-        .map(|q| matrix("q", q, Some((batch, vocab))))
+        .map(|q| matrix("q", q.0, Some((batch, vocab))))
         .transpose()?;
-    let top_p = floats("top_p", &call.top_p)?;
+    let top_p = floats("top_p", &call.top_p.0)?;
     let min_ps = call
         .min_ps
-        .as_deref()
-        .map(|m| floats("min_ps", m))
+        .as_ref()
+        .map(|m| floats("min_ps", &m.0))
         .transpose()?;
     let view = LogitsView::dense(&data, batch, vocab)
         .map_err(|e| CallError::new("shape_mismatch", e.to_string()))?
         .with_kind(kind);
     let out = top_k_top_p_sample(
         &view,
-        &call.top_k,
+        &call.top_k.0,
         &top_p,
         q.as_deref(),
         min_ps.as_deref(),

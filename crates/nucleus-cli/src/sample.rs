@@ -178,7 +178,10 @@ pub fn parse_row(line: &[u8]) -> Result<RowInput, RowError> {
         .map_err(|e| RowError::invalid_json(format!("not valid JSON: not UTF-8 ({e})")))?;
     match from_json::<Object<RowInput>>(line) {
         Ok(Object(row)) => Ok(row),
-        Err(JsonError::Shape(message)) => Err(RowError::invalid_row(message)),
+        Err(JsonError::Shape(message)) => Err(RowError {
+            kind: input::allocation_kind(&message, "invalid_row"),
+            message,
+        }),
         Err(JsonError::Syntax(e)) => Err(RowError::invalid_json(format!("not valid JSON: {e}"))),
     }
 }
@@ -242,13 +245,13 @@ pub fn answer_row(row: RowInput, options: &Options) -> Result<Answer, RowError> 
         )));
     }
     let candidates = &values[..vocab_size];
-    let prompt_ids = row.prompt_ids.unwrap_or_default();
-    let output_ids = row.output_ids.unwrap_or_default();
+    let prompt_ids = row.prompt_ids.unwrap_or_default().0;
+    let output_ids = row.output_ids.unwrap_or_default().0;
     let position = row
         .position
         .unwrap_or((prompt_ids.len() + output_ids.len()) as u64);
-    let eos_ids = row.eos_token_ids.unwrap_or_default();
-    let stop_token_ids = row.stop_token_ids.unwrap_or_default();
+    let eos_ids = row.eos_token_ids.unwrap_or_default().0;
+    let stop_token_ids = row.stop_token_ids.unwrap_or_default().0;
     let context_ids = [
         ("prompt_ids", &prompt_ids[..]),
         ("output_ids", &output_ids[..]),

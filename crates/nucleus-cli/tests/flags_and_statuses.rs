@@ -182,3 +182,21 @@ fn grammar_validate_refuses_max_whitespace_without_a_json_schema() {
     ]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
 }
+
+/// One grammar serves every prompt: its compile error is not led by a prompt's index.
+#[test]
+fn a_grammar_that_does_not_compile_is_not_blamed_on_a_prompt() {
+    let out = nucleus(&[
+        "generate",
+        "--model",
+        &shared("models/stories260K.gguf"),
+        "--prompt",
+        "a",
+        "--regex",
+        "(a",
+    ]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.starts_with("error: grammar: "), "{err}");
+    assert!(!err.contains("--prompt"), "{err}");
+}

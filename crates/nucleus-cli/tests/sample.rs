@@ -1442,3 +1442,42 @@ fn a_dist_over_20_million_entries_is_written_without_a_copy_in_memory() {
     // The row's largest logits, 9.99, have the largest probability, 1 / (20,000 x mean weight).
     assert!(line.starts_with(b"{\"tokens\":["), "{}", text(&line[..100]));
 }
+
+/// A row within `--max-input-bytes` whose values the machine cannot hold is answered with kind
+/// `allocation` and the next line is still answered: 60 million logits (a 120 MB line) under a
+/// 400 MB address space. Before, the row's vector grew with `push` and the run aborted
+/// ("memory allocation of 134217728 bytes failed").
+#[cfg(unix)]
+#[test]
+fn a_row_the_machine_cannot_hold_is_an_allocation_answer() {
+    let mut input = String::with_capacity(120_000_100);
+    input.push_str("{\"logits\": [0");
+    for _ in 1..60_000_000 {
+        input.push_str(",0");
+    }
+    input.push_str("]}\n{\"logits\": [1, 3, 2], \"params\": {\"temperature\": 0}}\n");
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -v 400000 && exec \"$0\" sample")
+        .arg(env!("CARGO_BIN_EXE_nucleus"))
+        .env("RAYON_NUM_THREADS", "2")
+        .env("MALLOC_ARENA_MAX", "2")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap().unwrap();
+    let got = answers(&out);
+    assert_eq!(got.len(), 2, "{}", text(&out.stderr));
+    assert_eq!(error_kind(&got[0]), "allocation", "{}", got[0]);
+    let message = got[0]["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("logits: the list could not be held in memory (after "),
+        "{message}"
+    );
+    assert_eq!(tokens(&got[1]), [1]);
+}

@@ -52,6 +52,72 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
     }
 }
 
+/// The message of a list whose memory could not be had while it was read; a parse error
+/// holding it is an `allocation` error ([`allocation_kind`]).
+pub const NOT_HELD: &str = "the list could not be held in memory";
+
+/// Makes room for one more element of `values`, fallibly (doubling, as `push` would).
+///
+/// # Errors
+/// The memory cannot be had: a [`NOT_HELD`] error.
+fn grow<T, E: de::Error>(values: &mut Vec<T>) -> Result<(), E> {
+    if values.len() == values.capacity() && values.try_reserve(values.len().max(16)).is_err() {
+        return Err(E::custom(format_args!(
+            "{NOT_HELD} (after {} values)",
+            values.len()
+        )));
+    }
+    Ok(())
+}
+
+/// A JSON list read into a vector that grows fallibly: a list the machine cannot hold is an
+/// error answer of kind `allocation` ([`NOT_HELD`]), never an abort. (serde's `Vec` grows with
+/// `push`, which aborts when memory runs out.)
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Fallible<T>(pub Vec<T>);
+
+impl<T> AsRef<[T]> for Fallible<T> {
+    fn as_ref(&self) -> &[T] {
+        &self.0
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Fallible<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ListVisitor<T>(std::marker::PhantomData<T>);
+
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for ListVisitor<T> {
+            type Value = Fallible<T>;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                // serde's own word for a `Vec`, so messages stay as they were.
+                f.write_str("a sequence")
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Fallible<T>, A::Error> {
+                let mut values = Vec::new();
+                while let Some(v) = seq.next_element()? {
+                    grow(&mut values)?;
+                    values.push(v);
+                }
+                Ok(Fallible(values))
+            }
+        }
+
+        deserializer.deserialize_seq(ListVisitor(std::marker::PhantomData))
+    }
+}
+
+/// `"allocation"` for a parse error message saying a value could not be held in memory
+/// ([`NOT_HELD`]), else `fallback`.
+pub fn allocation_kind(message: &str, fallback: &'static str) -> &'static str {
+    if message.contains(NOT_HELD) {
+        "allocation"
+    } else {
+        fallback
+    }
+}
+
 /// A row of values (`logits` or `probs`) as f32: each a JSON number (rounded to the nearest f32)
 /// or `"-inf"`, `"inf"`, `"nan"` ([`Lenient`]).
 ///
@@ -94,13 +160,16 @@ impl<'de> Deserialize<'de> for Row {
             }
 
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Row, A::Error> {
-                let mut values = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+                // serde_json gives no size hint: the vector grows, fallibly, so that a row
+                // the machine cannot hold is an error answer (kind `allocation`), not an abort.
+                let mut values: Vec<f32> = Vec::new();
                 let mut beyond_f32 = None;
                 while let Some(Lenient(v)) = seq.next_element()? {
                     let rounded = v as f32;
                     if beyond_f32.is_none() && v.is_finite() && rounded.is_infinite() {
                         beyond_f32 = Some((values.len(), v));
                     }
+                    grow(&mut values)?;
                     values.push(rounded);
                 }
                 Ok(Row { values, beyond_f32 })
@@ -232,15 +301,15 @@ pub struct RowInput {
     /// A processor chain, instead of `params`.
     pub chain: Option<ChainInput>,
     /// Prompt token ids.
-    pub prompt_ids: Option<Vec<u32>>,
+    pub prompt_ids: Option<Fallible<u32>>,
     /// Token ids generated so far.
-    pub output_ids: Option<Vec<u32>>,
+    pub output_ids: Option<Fallible<u32>>,
     /// Index in the whole sequence of the token being chosen.
     pub position: Option<u64>,
     /// EOS token ids (banned while fewer than `min_tokens` ids were generated).
-    pub eos_token_ids: Option<Vec<u32>>,
+    pub eos_token_ids: Option<Fallible<u32>>,
     /// Stop token ids (as `eos_token_ids`).
-    pub stop_token_ids: Option<Vec<u32>>,
+    pub stop_token_ids: Option<Fallible<u32>>,
     /// Candidate ids: the first `vocab_size` values of the row.
     pub vocab_size: Option<usize>,
 }
