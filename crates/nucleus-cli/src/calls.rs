@@ -71,10 +71,11 @@ pub fn parse_call<C: DeserializeOwned>(text: &[u8]) -> Result<C, CallError> {
 /// `limit`), else the object itself.
 ///
 /// # Errors
-/// [`RunError::Usage`] for inline text that is not a valid object (naming the bad field:
-/// `--attrs: expert_num: invalid type: ...`, or saying it is neither a file nor JSON);
+/// [`RunError::Usage`] for inline text that starts with `{` but is not a valid object (naming
+/// the bad field: `--attrs: expert_num: invalid type: ...`, or saying it is not JSON);
 /// [`RunError::Input`] for a file that cannot be read, is larger than `limit`, or does not
-/// hold a valid object.
+/// hold a valid object, and for text that is neither an existing file nor JSON (a missing
+/// file).
 pub fn read_attrs<A: DeserializeOwned>(text: &str, limit: MaxInputBytes) -> Result<A, RunError> {
     let path = Path::new(text);
     let from_file = !text.trim_start().starts_with('{') && path.exists();
@@ -82,9 +83,16 @@ pub fn read_attrs<A: DeserializeOwned>(text: &str, limit: MaxInputBytes) -> Resu
         return match from_json::<Object<A>>(text.as_bytes()) {
             Ok(Object(a)) => Ok(a),
             Err(JsonError::Shape(m)) => Err(RunError::Usage(format!("--attrs: {m}"))),
-            Err(JsonError::Syntax(e)) => Err(RunError::Usage(format!(
-                "--attrs is neither a readable file nor a JSON object: {e}"
-            ))),
+            Err(JsonError::Syntax(e)) => {
+                let message = format!("--attrs is neither a readable file nor a JSON object: {e}");
+                // Text that starts like an object is a flag value outside its type (exit
+                // status 2); anything else is taken for a file that is missing (1).
+                Err(if text.trim_start().starts_with('{') {
+                    RunError::Usage(message)
+                } else {
+                    RunError::Input(message)
+                })
+            }
         };
     }
     let bytes = read_file("--attrs", path, limit).map_err(|e| RunError::Input(e.to_string()))?;

@@ -9,8 +9,8 @@
 //! N is a byte count, optionally followed by `K`, `M` or `G` (either case: 1024, 1024², 1024³
 //! bytes); 0 is refused.
 //!
-//! - A JSON line (stdin or `--input`) longer than N bytes, not counting its newline, is
-//!   answered in its place by `{"error": {"kind": "input_too_large", ...}}`
+//! - A JSON line (stdin or `--input`) longer than N bytes, not counting its `\n` (a `\r`
+//!   counts), whatever it holds (blank too), is answered in its place by `{"error": {"kind": "input_too_large", ...}}`
 //!   ([`Line::TooLarge`]) as soon as byte N + 1 arrives; its other bytes are skipped without
 //!   being held, up to the next newline; the lines after it are answered as usual.
 //! - A file (`--params`, `--attrs` when a file, `--logits`, `--tensors`, `--text`,

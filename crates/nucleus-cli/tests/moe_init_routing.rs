@@ -863,6 +863,12 @@ fn safetensors_call_errors_are_answers_and_unusable_inputs_exit_1() {
         (
             good.clone(),
             "nonsense",
+            1,
+            "neither a readable file nor a JSON object",
+        ),
+        (
+            good.clone(),
+            "{\"expert_num\": 4,",
             2,
             "neither a readable file nor a JSON object",
         ),

@@ -594,8 +594,14 @@ fn safetensors_call_errors_are_answers_and_unreadable_files_exit_1() {
             "unknown field `kmax`",
         ),
         (
-            good,
+            good.clone(),
             Some("nonsense"),
+            1,
+            "neither a readable file nor a JSON object",
+        ),
+        (
+            good,
+            Some("{\"ks_max\": 3"),
             2,
             "neither a readable file nor a JSON object",
         ),
