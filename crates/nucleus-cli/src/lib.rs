@@ -10,6 +10,7 @@
 //! - [`npu_sample`](mod@npu_sample): `nucleus top-k-top-p-sample`, the Ascend-compatible fused
 //!   top-k / top-p / exponential-sampling operator on calls given as JSON lines or a
 //!   safetensors file, one JSON answer per call.
+//! - [`fuzz`](mod@fuzz): what each cargo-fuzz target runs, and the corpus replay test.
 //! - [`calls`](mod@calls): what the two operator commands share (error answers, `--attrs`).
 //! - [`input`](mod@input): what every command that reads input shares: `--max-input-bytes`,
 //!   files read within it, JSON lines read within it, echoed names escaped and capped.
@@ -24,6 +25,7 @@
 pub mod answer;
 pub mod bench;
 pub mod calls;
+pub mod fuzz;
 pub mod grammar;
 pub mod input;
 pub mod moe_init_routing;
