@@ -25,6 +25,7 @@ use nucleus_grammar::{
     validate_text, GrammarCompiler, GrammarOptions, GrammarSpec, TokenEnv, Validation,
     DEFAULT_MAX_WHITESPACE,
 };
+use serde::Deserialize;
 
 use crate::input::{read_file, read_stdin, shown, shown_path, InputLimit, MaxInputBytes};
 use crate::usage::UsageError;
@@ -117,7 +118,7 @@ pub fn validate_command(args: &ValidateArgs) -> ExitCode {
             }
         }
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", crate::usage::message(&e));
             ExitCode::from(2)
         }
     }
@@ -199,7 +200,7 @@ pub fn grammar_spec_from(
         // directory is an error), whatever it looks like; anything else is inline JSON.
         let text = if path.exists() {
             read_text_file("--json-schema", path, limit)?
-        } else if let Err(e) = serde_json::from_str::<serde_json::Value>(schema) {
+        } else if let Err(e) = check_json(schema) {
             let message = format!(
                 "--json-schema \"{}\" is neither an existing file nor valid JSON ({e})",
                 shown(schema)
@@ -225,6 +226,19 @@ pub fn grammar_spec_from(
     } else {
         Ok(None)
     }
+}
+
+/// Whether `text` is one JSON value. Nesting is not limited here (serde_json's own limit of
+/// 128 levels would call a deeply nested schema invalid JSON): text nested deeper than
+/// [`nucleus_grammar::MAX_GRAMMAR_DEPTH`] passes, for the compiler to refuse as too deep.
+fn check_json(text: &str) -> serde_json::Result<()> {
+    if nucleus_grammar::json_text_depth(text.as_bytes()) > nucleus_grammar::MAX_GRAMMAR_DEPTH {
+        return Ok(());
+    }
+    let mut de = serde_json::Deserializer::from_str(text);
+    de.disable_recursion_limit();
+    serde::de::IgnoredAny::deserialize(&mut de)?;
+    de.end()
 }
 
 /// The text to validate (read within `limit`), without one trailing newline.

@@ -202,8 +202,8 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            // `{:#}`: the error and its causes on one line ("cannot read X: No such file").
-            eprintln!("error: {e:#}");
+            // The error and its causes on one line ("cannot read X: No such file"), each once.
+            eprintln!("error: {}", nucleus_cli::usage::message(&e));
             // A bad flag value (or a flag without effect) is a usage error, like clap's own.
             if nucleus_cli::usage::is_usage(&e) {
                 ExitCode::from(nucleus_cli::usage::USAGE_STATUS)

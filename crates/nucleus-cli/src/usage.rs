@@ -38,3 +38,53 @@ pub const USAGE_STATUS: u8 = 2;
 pub fn is_usage(e: &anyhow::Error) -> bool {
     e.chain().any(|c| c.downcast_ref::<UsageError>().is_some())
 }
+
+/// The one-line message of `e`: its text, then each cause whose text it does not already
+/// include (`cannot read the grammar X: No such file or directory`), joined by `: `. anyhow's
+/// `{:#}` prints every cause, so an error whose message already quotes its source (the
+/// engine's `grammar: JSON Schema does not compile: ...`) was printed twice.
+pub fn message(e: &anyhow::Error) -> String {
+    let mut line = e.to_string();
+    for cause in e.chain().skip(1) {
+        let cause = cause.to_string();
+        if !line.contains(&cause) {
+            line.push_str(": ");
+            line.push_str(&cause);
+        }
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error whose message quotes its source, as the engine's `Grammar(#[from] ...)` does.
+    #[derive(Debug)]
+    struct Quoting(std::io::Error);
+
+    impl fmt::Display for Quoting {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "grammar: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Quoting {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_cause_already_in_the_message_is_not_repeated() {
+        let io = || std::io::Error::other("no such thing");
+        let quoting = anyhow::Error::from(Quoting(io()));
+        assert_eq!(
+            format!("{quoting:#}"),
+            "grammar: no such thing: no such thing"
+        );
+        assert_eq!(message(&quoting), "grammar: no such thing");
+        let context = anyhow::Error::from(io()).context("cannot read X");
+        assert_eq!(message(&context), "cannot read X: no such thing");
+    }
+}

@@ -198,3 +198,44 @@ fn new_user_findings_stay_fixed() {
     assert_eq!(code, 1);
     assert!(err.contains("No such file"), "{err}");
 }
+
+/// A grammar's compile error is printed once (the engine's message quotes llguidance's, and
+/// the whole chain of causes was printed, repeating it), and grammars that used to abort the
+/// process with a stack overflow or fail at the first step are compile errors that say why.
+#[test]
+fn grammar_errors_are_one_line_that_says_why() {
+    let (code, _, err) = generate(&["--prompt", "", "--json-schema", "false"]);
+    assert_eq!(code, 1);
+    assert_eq!(
+        err,
+        "error: grammar: JSON Schema does not compile: Unsatisfiable schema: schema is false\n"
+    );
+    let chain: String = (0..2799).map(|i| format!("r{i}: r{}\n", i + 1)).collect();
+    let path = std::env::temp_dir().join(format!("nucleus-chain-{}.lark", std::process::id()));
+    std::fs::write(&path, format!("start: r0\n{chain}r2799: \"x\"\n")).unwrap();
+    let (code, _, err) = generate(&["--prompt", "", "--grammar", path.to_str().unwrap()]);
+    std::fs::remove_file(&path).ok();
+    assert_eq!(code, 1);
+    assert_eq!(
+        err,
+        "error: grammar: Lark grammar does not compile: it nests too deeply, up to 2801 levels \
+         of rule references; the limit is 1000\n"
+    );
+    let (code, _, err) = generate(&["--prompt", "", "--json-schema", r##"{"$ref": "#"}"##]);
+    assert_eq!(code, 1);
+    assert!(
+        err.starts_with(
+            "error: grammar: JSON Schema does not compile: the grammar matches no text"
+        ),
+        "{err}"
+    );
+    let (code, _, err) = generate(&["--prompt", "", "--regex", "a{1000}{1000}"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.starts_with(
+            "error: grammar: regular expression does not compile: the grammar is too large for \
+             llguidance's lexer"
+        ),
+        "{err}"
+    );
+}

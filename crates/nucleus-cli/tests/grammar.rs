@@ -289,3 +289,95 @@ fn errors_exit_2_with_one_line() {
         2
     );
 }
+
+/// Grammars that aborted the process with a stack overflow: a Lark chain of 2,800 rules, a
+/// `$ref` chain of 3,000, objects nested 1,000 deep through `$defs`, are errors (exit 2) that
+/// give the limit; a schema nested 70 deep inline, which serde_json's own limit refused as
+/// invalid JSON, is checked; a byte token is shown as its byte.
+#[test]
+fn deep_grammars_are_errors_that_give_the_limit_and_byte_tokens_show_their_byte() {
+    let text = file("x.txt", "x");
+    let chain: String = (0..2799).map(|i| format!("r{i}: r{}\n", i + 1)).collect();
+    let lark = file("chain.lark", &format!("start: r0\n{chain}r2799: \"x\"\n"));
+    let (code, out, err) = validate(&[
+        "--grammar",
+        &lark,
+        "--text",
+        &text,
+        "--tokenizer",
+        &minimind(),
+    ]);
+    assert_eq!((code, out.as_str()), (2, ""));
+    assert_eq!(
+        err,
+        "error: Lark grammar does not compile: it nests too deeply, up to 2801 levels of rule \
+         references; the limit is 1000\n"
+    );
+    let defs: Vec<String> = (0..2999)
+        .map(|i| format!("\"d{i}\": {{\"$ref\": \"#/$defs/d{}\"}}", i + 1))
+        .collect();
+    let refs = file(
+        "refs.json",
+        &format!(
+            "{{\"$ref\": \"#/$defs/d0\", \"$defs\": {{{}, \"d2999\": {{}}}}}}",
+            defs.join(", ")
+        ),
+    );
+    let nested: Vec<String> = (0..999)
+        .map(|i| format!("\"d{i}\": {{\"type\": \"object\", \"properties\": {{\"a\": {{\"$ref\": \"#/$defs/d{}\"}}}}}}", i + 1))
+        .collect();
+    let nested = file(
+        "nested.json",
+        &format!(
+            "{{\"$ref\": \"#/$defs/d0\", \"$defs\": {{{}, \"d999\": {{}}}}}}",
+            nested.join(", ")
+        ),
+    );
+    for schema in [refs, nested] {
+        let (code, _, err) = validate(&[
+            "--json-schema",
+            &schema,
+            "--text",
+            &text,
+            "--tokenizer",
+            &minimind(),
+        ]);
+        assert_eq!(code, 2, "{err}");
+        assert!(
+            err.starts_with("error: JSON Schema does not compile: it nests too deeply"),
+            "{err}"
+        );
+        assert!(
+            err.ends_with("levels of nested subschemas and `$ref`s; the limit is 1000\n"),
+            "{err}"
+        );
+    }
+    let mut inline = String::from("{\"type\": \"integer\"}");
+    for _ in 0..70 {
+        inline = format!(
+            "{{\"type\": \"object\", \"properties\": {{\"a\": {inline}}}, \"required\": [\"a\"]}}"
+        );
+    }
+    let value = format!("{}1{}", "{\"a\": ".repeat(70), "}".repeat(70));
+    let (code, out, err) = validate(&[
+        "--json-schema",
+        &inline,
+        "--text",
+        &file("v.json", &value),
+        "--tokenizer",
+        &minimind(),
+    ]);
+    assert_eq!((code, out.as_str(), err.as_str()), (0, "accepted\n", ""));
+    let (code, out, _) = validate(&[
+        "--regex",
+        "x",
+        "--text",
+        &file("cat.txt", "猫"),
+        "--model",
+        &stories(),
+    ]);
+    assert_eq!(
+        (code, out.as_str()),
+        (1, "rejected at token 0 (id 234, text \"<0xE7>\")\n")
+    );
+}
