@@ -158,16 +158,19 @@ impl GrammarError {
             if i > 0 {
                 out.push('\n');
             }
-            for (chars, c) in line.chars().enumerate() {
-                if chars == MAX_MESSAGE_LINE {
+            // Counted as written: an escaped control character is several characters.
+            let mut chars = 0;
+            for c in line.chars() {
+                let escaped: Vec<char> = match c.is_control() {
+                    true => c.escape_default().collect(),
+                    false => vec![c],
+                };
+                if chars + escaped.len() > MAX_MESSAGE_LINE {
                     out.push_str("...");
                     break;
                 }
-                if c.is_control() {
-                    out.extend(c.escape_default());
-                } else {
-                    out.push(c);
-                }
+                chars += escaped.len();
+                out.extend(escaped);
             }
         }
         GrammarError::Compile { kind, message: out }
