@@ -109,9 +109,27 @@ pub const SHOWN_MAX_BYTES: usize = 256;
 /// `text` as error messages echo it: control characters escaped (`\n`, `\u{1b}`), cut after
 /// [`SHOWN_MAX_BYTES`] bytes with `...` (so a hostile name cannot flood or forge a line).
 pub fn shown(text: &str) -> String {
+    shown_within(text, SHOWN_MAX_BYTES)
+}
+
+/// The most bytes of a library's message quoted by [`not_safetensors`].
+pub const MESSAGE_MAX_BYTES: usize = 1024;
+
+/// The message for bytes that are not a safetensors file: the safetensors crate's own, which
+/// quotes the file's header (a dtype name, a tensor name), escaped and cut as [`shown`] does,
+/// at [`MESSAGE_MAX_BYTES`].
+pub fn not_safetensors(e: &safetensors::SafeTensorError) -> String {
+    format!(
+        "not a safetensors file: {}",
+        shown_within(&e.to_string(), MESSAGE_MAX_BYTES)
+    )
+}
+
+/// `text` with control characters escaped, cut after `max` bytes (then `...`).
+fn shown_within(text: &str, max: usize) -> String {
     let mut out = String::new();
     for c in text.chars() {
-        if out.len() >= SHOWN_MAX_BYTES {
+        if out.len() >= max {
             out.push_str("...");
             break;
         }

@@ -963,8 +963,7 @@ pub fn answer_safetensors(
     bytes: &[u8],
     attrs: &AttrsInput,
 ) -> Result<Result<Answer, CallError>, String> {
-    let file =
-        SafeTensors::deserialize(bytes).map_err(|e| format!("not a safetensors file: {e}"))?;
+    let file = SafeTensors::deserialize(bytes).map_err(|e| crate::input::not_safetensors(&e))?;
     Ok(attrs
         .to_attrs()
         .and_then(|a| tensors(&file).and_then(|t| t.answer(&a))))

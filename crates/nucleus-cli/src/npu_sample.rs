@@ -674,8 +674,7 @@ pub fn answer_safetensors(
     bytes: &[u8],
     attrs: &AttrsInput,
 ) -> Result<Result<Answer, CallError>, String> {
-    let file =
-        SafeTensors::deserialize(bytes).map_err(|e| format!("not a safetensors file: {e}"))?;
+    let file = SafeTensors::deserialize(bytes).map_err(|e| crate::input::not_safetensors(&e))?;
     let (options, kind) = attrs.to_options();
     Ok(tensors(&file).and_then(|t| {
         let out = match &t.logits {

@@ -484,9 +484,9 @@ pub(crate) fn stream_lines<A: Serialize + Send>(
         max: limit.bytes().max(64 << 20),
     });
     let reader_budget = std::sync::Arc::clone(&budget);
-    // Not joined: when stdout closes, the main thread returns while this one may still wait
-    // for input; the process exit ends it.
-    std::thread::spawn(move || {
+    // Joined when the input ends; not when writing fails (stdout closed): the main thread
+    // then returns while this one may still wait for input, and the process exit ends it.
+    let reader = std::thread::spawn(move || {
         let mut lines = LineReader::new(BufReader::with_capacity(1 << 20, input), limit);
         loop {
             let item = match lines.next_line() {
@@ -558,6 +558,8 @@ pub(crate) fn stream_lines<A: Serialize + Send>(
         }
         out.flush()?;
     }
+    // The input ended (or failed) and the reader sent its last item: it has returned.
+    let _ = reader.join();
     match failure {
         Some(e) => Err(RunError::Input(format!("cannot read the input: {e}"))),
         None => Ok(()),

@@ -46,8 +46,7 @@ const NAMES_SHOWN: usize = 16;
 /// tensor named `logits`, or that tensor is not of rank 2, has no columns, or is not f32, f16
 /// or bf16.
 pub fn logits_from_bytes(bytes: &[u8]) -> Result<LogitsTensor, String> {
-    let file =
-        SafeTensors::deserialize(bytes).map_err(|e| format!("not a safetensors file: {e}"))?;
+    let file = SafeTensors::deserialize(bytes).map_err(|e| crate::input::not_safetensors(&e))?;
     let tensor = file.tensor("logits").map_err(|_| {
         let mut names = file.names();
         names.sort_unstable();
