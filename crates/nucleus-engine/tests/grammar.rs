@@ -278,3 +278,51 @@ fn a_grammar_completed_at_max_tokens_is_stop_not_length() {
     let exact = run_to_end(&mut e);
     assert_eq!(exact[&0], full[&0]);
 }
+
+/// A piece that is also a control token (a GGUF file marking `x`, id 444, as token type 3):
+/// the tokenizer gives that id for the text `x`, so a grammar forcing `x` was offered token
+/// 444 by its mask and then rejected it ("the sampled token was not committed"), on every
+/// seed. Text is now tokenised into pieces whose bytes are the text, so `xx` is generated.
+#[test]
+fn a_control_token_that_is_also_a_piece_is_never_forced_for_text() {
+    use candle_core::quantized::gguf_file::Value;
+    let path = common::temp_path("control-x");
+    common::rewrite_gguf(
+        &common::stories260k(),
+        &path,
+        |md| {
+            let types = md
+                .iter_mut()
+                .find(|(k, _)| k == "tokenizer.ggml.token_type")
+                .expect("token types");
+            let Value::Array(types) = &mut types.1 else {
+                panic!("token types are an array")
+            };
+            types[444] = Value::I32(3);
+        },
+        |_, t| Ok(Some(t)),
+    )
+    .expect("rewrite");
+    let loaded = load_gguf(&path, &Device::Cpu).expect("loads");
+    assert_eq!(
+        loaded.tokenizer.tokenizer.id_to_token(444).as_deref(),
+        Some("x")
+    );
+    let mut e = Engine::new(loaded.model, loaded.tokenizer, EngineConfig::default());
+    for seed in 0..3 {
+        e.add_request(Request {
+            max_tokens: 8,
+            grammar: Some(GrammarSpec::Regex("xx".into())),
+            params: sampled(seed),
+            ..Request::new("")
+        })
+        .expect("request");
+    }
+    let runs = run_to_end(&mut e);
+    assert_eq!(runs.len(), 3);
+    for (tokens, text, finish) in runs.values() {
+        assert_eq!(text, "xx", "{tokens:?} {finish:?}");
+        assert!(!tokens.contains(&444), "{tokens:?}");
+        assert_eq!(finish, &Some(FinishReason::Stop));
+    }
+}

@@ -15,7 +15,7 @@
 //!   document, an `$id` whose last path segment equals the reference's).
 //! - Lark: [`lark_depth`] bounds the longest chain of rule and terminal references (every
 //!   identifier in a definition's body that names a definition is a reference), adding the
-//!   [`schema_depth`] of each `%json { ... }` schema embedded in a definition.
+//!   [`schema_depth`] of the deepest `%json { ... }` schema embedded in a definition.
 //!
 //! Cycles (recursive grammars, a JSON Schema `$ref` back to an enclosing schema) are normal and
 //! llguidance compiles each referenced definition once, so a chain visits a definition at most
@@ -393,8 +393,8 @@ fn percent_decode(s: &str) -> String {
 
 /// An upper bound on how deep llguidance's compilation of the Lark grammar `text` can recurse,
 /// in levels: the heaviest chain of references between its definitions (rules `name: ...` and
-/// terminals `NAME: ...`, each weighing 1 plus the [`schema_depth`] of the `%json` schemas in
-/// its body), cycles counted as in [`longest_path_bound`].
+/// terminals `NAME: ...`, each weighing 1 plus the [`schema_depth`] of the deepest `%json`
+/// schema in its body), cycles counted as in [`longest_path_bound`].
 ///
 /// The text is scanned as llguidance's Lark lexer does (`#` and `//` comments, JSON-style
 /// `"strings"`, `/regexes/`, `<special tokens>`, the JSON value after `%json`, `%regex` and
@@ -441,10 +441,12 @@ pub fn lark_depth(text: &str) -> u64 {
                     match values.next() {
                         Some(Ok(value)) => {
                             if keyword == "json" {
+                                // Each `%json` is a grammar of its own, compiled after the
+                                // Lark one: the deepest counts, not their sum.
                                 if let Some((node, _)) = bodies.last() {
                                     let extra = schema_depth(&value);
                                     let w = &mut graph.weight[*node as usize];
-                                    *w = w.saturating_add(extra);
+                                    *w = (*w).max(1 + extra);
                                 }
                             }
                             i += values.byte_offset();
@@ -680,6 +682,9 @@ mod tests {
             lark_depth("start: j\nj: %json {\"type\": \"object\", \"properties\": {\"a\": {}}}\n"),
             2 + 3
         );
+        // Many %json side by side are as deep as the deepest.
+        let flat = format!("start: {}\n", "%json {\"type\": \"integer\"} ".repeat(1200));
+        assert_eq!(lark_depth(&flat), 2);
         // A chain.
         let chain: String = (0..50).map(|i| format!("r{i}: r{}\n", i + 1)).collect();
         assert_eq!(lark_depth(&format!("start: r0\n{chain}r50: \"x\"\n")), 52);

@@ -36,8 +36,8 @@ pub enum GrammarError {
         max: usize,
     },
     /// The vocabulary size given is smaller than the tokenizer's (its largest id + 1), or is 0,
-    /// or is above [`crate::MAX_VOCAB_SIZE`].
-    #[error("vocabulary size {vocab_size} does not fit the tokenizer's {tokenizer_vocab} tokens (it must be at least that, and at most {max})")]
+    /// or either is above [`crate::MAX_VOCAB_SIZE`].
+    #[error("{}", vocab_message(*.vocab_size, *.tokenizer_vocab, *.max))]
     VocabTooSmall {
         /// The vocabulary size passed in.
         vocab_size: usize,
@@ -64,8 +64,8 @@ pub enum GrammarError {
     /// llguidance could not compile the grammar; the message is llguidance's and names the
     /// problem (e.g. `oneOf constraints are not supported`, a regex syntax error, a Lark
     /// parse error with its line), or says that the grammar matches no text or is too large
-    /// for llguidance's lexer. Control characters in it are escaped, lines are cut at
-    /// [`MAX_MESSAGE_LINE`] characters and the message at [`MAX_MESSAGE_LINES`] lines.
+    /// for llguidance's lexer. It is one line: llguidance's quoted source lines are dropped,
+    /// control characters escaped, and it is cut at [`MAX_MESSAGE_LINE`] characters.
     #[error("{kind} does not compile: {message}")]
     Compile {
         /// What was being compiled.
@@ -137,43 +137,36 @@ pub enum GrammarError {
     Matcher(String),
 }
 
-/// The longest line of a [`GrammarError::Compile`] message, in characters.
-pub const MAX_MESSAGE_LINE: usize = 200;
-/// The most lines of a [`GrammarError::Compile`] message.
-pub const MAX_MESSAGE_LINES: usize = 12;
+/// The message of [`GrammarError::VocabTooSmall`]: which of its rules is broken.
+fn vocab_message(vocab_size: usize, tokenizer_vocab: usize, max: usize) -> String {
+    if tokenizer_vocab > max {
+        format!(
+            "the tokenizer's ids go up to {}: the grammar engine takes at most {max} ids",
+            tokenizer_vocab - 1
+        )
+    } else if vocab_size > max {
+        format!("vocabulary size {vocab_size} is more than the {max} ids the grammar engine takes")
+    } else if vocab_size == 0 {
+        "vocabulary size 0: a logits row needs at least one id".to_string()
+    } else {
+        format!(
+            "vocabulary size {vocab_size} is smaller than the tokenizer's {tokenizer_vocab} ids \
+             (its largest id + 1)"
+        )
+    }
+}
+
+/// The longest [`GrammarError::Compile`] message, in characters (it is one line).
+pub const MAX_MESSAGE_LINE: usize = 300;
 
 impl GrammarError {
-    /// [`GrammarError::Compile`] with llguidance's `message` made fit for a terminal: a panic's
-    /// `<backtrace>` dropped, control characters other than newlines escaped (`\u{1b}`), every
-    /// line cut at [`MAX_MESSAGE_LINE`] characters and the message at [`MAX_MESSAGE_LINES`]
-    /// lines (a Lark error quotes the grammar's lines, which may be megabytes long).
+    /// [`GrammarError::Compile`] with llguidance's `message` made one line fit for a terminal
+    /// ([`one_line`]: llguidance quotes the grammar's lines, which may be megabytes long).
     pub(crate) fn compile(kind: GrammarKind, message: &str) -> Self {
-        let message = message.split("<backtrace>").next().unwrap_or("").trim_end();
-        let mut out = String::new();
-        for (i, line) in message.lines().enumerate() {
-            if i == MAX_MESSAGE_LINES {
-                out.push_str("\n...");
-                break;
-            }
-            if i > 0 {
-                out.push('\n');
-            }
-            // Counted as written: an escaped control character is several characters.
-            let mut chars = 0;
-            for c in line.chars() {
-                let escaped: Vec<char> = match c.is_control() {
-                    true => c.escape_default().collect(),
-                    false => vec![c],
-                };
-                if chars + escaped.len() > MAX_MESSAGE_LINE {
-                    out.push_str("...");
-                    break;
-                }
-                chars += escaped.len();
-                out.extend(escaped);
-            }
+        GrammarError::Compile {
+            kind,
+            message: one_line(message),
         }
-        GrammarError::Compile { kind, message: out }
     }
 
     /// [`GrammarError::Matcher`] with llguidance's message cut to its first line: the lines
@@ -181,6 +174,7 @@ impl GrammarError {
     pub(crate) fn matcher(message: &str) -> Self {
         let first = message.lines().next().unwrap_or("").trim();
         let first = first.split("<state>").next().unwrap_or(first).trim();
+        let first = &one_line(first);
         if first.contains("too many expressions constructed") {
             return GrammarError::Matcher(format!(
                 "{first}: the grammar is too large for llguidance's lexer from here on \
@@ -189,6 +183,46 @@ impl GrammarError {
         }
         GrammarError::Matcher(first.to_string())
     }
+}
+
+/// llguidance's `message` as one line fit for a terminal: its first line and the `error:`
+/// lines of a regex-syntax report (the quoted source lines and their carets are dropped: the
+/// first line gives the position), a panic's `<backtrace>` dropped and its assertion said in
+/// words, control characters escaped (`\u{1b}`), cut at [`MAX_MESSAGE_LINE`] characters as
+/// written (an escape counts for its length).
+fn one_line(message: &str) -> String {
+    let message = message.split("<backtrace>").next().unwrap_or("").trim();
+    let mut lines = message.lines();
+    let mut line = lines.next().unwrap_or("").trim().to_string();
+    for rest in lines {
+        if let Some(what) = rest.trim().strip_prefix("error:") {
+            line.push(' ');
+            line.push_str(what.trim());
+        }
+    }
+    let line = match line.strip_prefix("panic: ") {
+        Some(p) if p.contains("grammar.symbols.len() < u16::MAX") => format!(
+            "the grammar has more symbols than llguidance can number (its symbol ids are \
+             16-bit: at most 65,525) ({p})"
+        ),
+        Some(p) => format!("llguidance failed an internal check ({p})"),
+        None => line,
+    };
+    let mut out = String::new();
+    let mut chars = 0;
+    for c in line.chars() {
+        let escaped: Vec<char> = match c.is_control() {
+            true => c.escape_default().collect(),
+            false => vec![c],
+        };
+        if chars + escaped.len() > MAX_MESSAGE_LINE {
+            out.push_str("...");
+            break;
+        }
+        chars += escaped.len();
+        out.extend(escaped);
+    }
+    out
 }
 
 /// `Result` with [`GrammarError`].

@@ -72,7 +72,7 @@ pub use compiler::{
     DEFAULT_MAX_WHITESPACE,
 };
 pub use depth::{json_text_depth, lark_depth, schema_depth, MAX_GRAMMAR_DEPTH};
-pub use error::{GrammarError, Result, MAX_MESSAGE_LINE, MAX_MESSAGE_LINES};
+pub use error::{GrammarError, Result, MAX_MESSAGE_LINE};
 pub use matcher::{fill_bitmasks, GrammarMatcher};
 pub use tokenizer::{TokenEnv, MAX_TOKEN_BYTES, MAX_VOCAB_SIZE, SPECIAL_TOKEN_MARKER};
 pub use validate::{validate_text, Validation};

@@ -92,13 +92,29 @@ impl TokenEnv {
     ///
     /// Errors: [`GrammarError::Tokenizer`] when the tokenizer's JSON cannot be produced or its
     /// token bytes cannot be derived (unsupported decoder, malformed byte pieces);
-    /// [`GrammarError::VocabTooSmall`]; [`GrammarError::NoEosToken`];
+    /// [`GrammarError::VocabTooSmall`] (also for a tokenizer with an id at or above
+    /// [`MAX_VOCAB_SIZE`], checked before its JSON is made); [`GrammarError::NoEosToken`];
     /// [`GrammarError::TokenOutOfRange`] for an EOS id; [`GrammarError::TokenTooLong`].
     pub fn from_tokenizer(
         tokenizer: &Tokenizer,
         eos_token_ids: &[u32],
         vocab_size: usize,
     ) -> Result<Self> {
+        // Serialising lists the vocabulary by id, holes included: a tokenizer.json naming one
+        // id 1,000,000,000 would make it allocate gigabytes. Refuse ids the trie cannot hold
+        // before that.
+        let tokenizer_vocab = tokenizer
+            .get_vocab(true)
+            .values()
+            .max()
+            .map_or(0, |&id| id as usize + 1);
+        if tokenizer_vocab > MAX_VOCAB_SIZE {
+            return Err(GrammarError::VocabTooSmall {
+                vocab_size,
+                tokenizer_vocab,
+                max: MAX_VOCAB_SIZE,
+            });
+        }
         let json = tokenizer
             .to_string(false)
             .map_err(|e| GrammarError::Tokenizer(format!("serialising the tokenizer: {e}")))?;
@@ -297,13 +313,15 @@ impl TokenEnv {
 
     /// Tokenises `text` as a model would generate it after a prompt: no special tokens added
     /// (no BOS), no dummy prefix space (see the module docs). Text that spells a special token
-    /// (`<|im_end|>`) becomes that token, as in Hugging Face tokenizers. Environments built
-    /// with [`from_token_bytes`](Self::from_token_bytes) tokenise greedily.
+    /// (`<|im_end|>`) is text: it becomes ordinary pieces, never a special or control token,
+    /// whose bytes no grammar produces (where the tokenizer would give one, the text is
+    /// tokenised greedily by the token trie instead). Environments built with
+    /// [`from_token_bytes`](Self::from_token_bytes) tokenise greedily.
     ///
     /// Errors: [`GrammarError::Tokenizer`] when the tokenizer fails.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         match &self.inner.tokenizer {
-            Some(tokenizer) => hf_encode(tokenizer, text),
+            Some(tokenizer) => text_ids(tokenizer, self.trie(), text),
             None => Ok(self.trie().greedy_tokenize(text.as_bytes())),
         }
     }
@@ -335,7 +353,7 @@ impl TokenizerEnv for HfTokEnv {
         match &self.tokenizer {
             // Valid UTF-8 runs go through the tokenizer, stray bytes greedily through the trie.
             Some(tokenizer) => self.trie.tokenize_with_greedy_fallback(s, |text| {
-                hf_encode(tokenizer, text)
+                text_ids(tokenizer, &self.trie, text)
                     .unwrap_or_else(|_| self.trie.greedy_tokenize(text.as_bytes()))
             }),
             None => self.trie.greedy_tokenize(s),
@@ -344,6 +362,28 @@ impl TokenizerEnv for HfTokEnv {
 
     fn tokenize_is_canonical(&self) -> bool {
         self.canonical
+    }
+}
+
+/// The ids of `text` as text: the tokenizer's encoding, unless it holds an id whose bytes
+/// are not the text's (a special or control token that is also an ordinary piece of the
+/// model's vocabulary, such as a GGUF piece `x` of token type control, which the tokenizer
+/// gives for `x` but whose bytes in the trie carry the special-token marker): then the
+/// greedy tokenisation by the trie, which never yields such a token. Otherwise a grammar
+/// forcing `x` would be offered a token it then rejects.
+fn text_ids(tokenizer: &Tokenizer, trie: &TokTrie, text: &str) -> Result<Vec<u32>> {
+    let ids = hf_encode(tokenizer, text)?;
+    let is_text = |&id: &u32| {
+        (id as usize) < trie.vocab_size()
+            && trie
+                .token(id)
+                .first()
+                .is_some_and(|&b| b != SPECIAL_TOKEN_MARKER)
+    };
+    if ids.iter().all(is_text) {
+        Ok(ids)
+    } else {
+        Ok(trie.greedy_tokenize(text.as_bytes()))
     }
 }
 

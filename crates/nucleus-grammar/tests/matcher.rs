@@ -807,3 +807,39 @@ fn more_than_500_optional_properties_fail_when_a_name_starts() {
     // Compiling (and the first step) still works: the limit is met inside the object.
     assert!(compiler.compile(&object(600), &opts()).is_ok());
 }
+
+/// A tokenizer.json of 380 KB naming one id 1,000,000,000 made serialising it (to read its
+/// token bytes) allocate 4 GB; it is refused first, with a message that says which rule it
+/// breaks, and so is a vocabulary size out of range.
+#[test]
+fn a_tokenizer_with_an_id_past_the_trie_is_refused_before_it_is_serialised() {
+    let path = shared("models/minimind-tokenizer/tokenizer.json");
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let vocab = json["model"]["vocab"].as_object_mut().unwrap();
+    let (piece, _) = vocab
+        .iter()
+        .nth(300)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .unwrap();
+    vocab.insert(piece, serde_json::json!(1_000_000_000u64));
+    let sparse: tokenizers::Tokenizer = json.to_string().parse().unwrap();
+    let started = std::time::Instant::now();
+    let e = TokenEnv::from_tokenizer(&sparse, &MINIMIND_EOS, 6400).unwrap_err();
+    assert!(started.elapsed().as_secs() < 5, "{:?}", started.elapsed());
+    assert_eq!(
+        e.to_string(),
+        "the tokenizer's ids go up to 1000000000: the grammar engine takes at most 2097152 ids"
+    );
+    let tok = minimind_tokenizer();
+    let e = TokenEnv::from_tokenizer(&tok, &MINIMIND_EOS, 100).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "vocabulary size 100 is smaller than the tokenizer's 6400 ids (its largest id + 1)"
+    );
+    let e = TokenEnv::from_tokenizer(&tok, &MINIMIND_EOS, 3_000_000).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "vocabulary size 3000000 is more than the 2097152 ids the grammar engine takes"
+    );
+}
