@@ -1,12 +1,12 @@
 //! [`EngineError`]: what can go wrong loading a model or running requests.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Errors of nucleus-engine. Each names the input that was wrong.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     /// A file could not be opened or read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {}: {source}", shown_path(path))]
     Io {
         /// The file.
         path: PathBuf,
@@ -14,7 +14,7 @@ pub enum EngineError {
         source: std::io::Error,
     },
     /// The file is not a GGUF model we can load (bad magic, truncated, missing tensor or key).
-    #[error("invalid model file {path}: {message}")]
+    #[error("invalid model file {}: {message}", shown_path(path))]
     InvalidModel {
         /// The file.
         path: PathBuf,
@@ -102,6 +102,40 @@ pub(crate) fn quote(bytes: &[u8]) -> String {
     out
 }
 
+/// The most bytes of a path that a message shows ([`shown_path`]).
+pub const MAX_PATH_BYTES: usize = 256;
+
+/// A path as messages show it: control and format characters escaped as in [`quote`], bytes
+/// of invalid UTF-8 as `\xNN`, cut after [`MAX_PATH_BYTES`] bytes with `…` (a path given by a
+/// user or an environment variable is text that must not reach a terminal raw either).
+pub fn shown_path(path: &Path) -> String {
+    use std::fmt::Write;
+    let bytes = path.as_os_str().as_encoded_bytes();
+    let mut out = String::new();
+    'chunks: for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            if out.len() >= MAX_PATH_BYTES {
+                break 'chunks;
+            }
+            if needs_escape(c) {
+                out.extend(c.escape_debug());
+            } else {
+                out.push(c);
+            }
+        }
+        for b in chunk.invalid() {
+            if out.len() >= MAX_PATH_BYTES {
+                break 'chunks;
+            }
+            let _ = write!(out, "\\x{b:02x}");
+        }
+    }
+    if out.len() >= MAX_PATH_BYTES && out.len() < bytes.len() + 1 {
+        out.push('…');
+    }
+    out
+}
+
 /// `message` made safe to print as one line: every character that `char::escape_debug` escapes
 /// other than backslashes and quotes (control characters, bidirectional and other format
 /// characters, unassigned code points) escaped as it does, and cut to at most
@@ -149,7 +183,7 @@ pub(crate) fn candle_message(e: &candle_core::Error) -> String {
     match e {
         E::WithBacktrace { inner, .. } => candle_message(inner),
         E::Context { inner, context } => format!("{context}: {}", candle_message(inner)),
-        E::WithPath { inner, path } => format!("{}: {}", path.display(), candle_message(inner)),
+        E::WithPath { inner, path } => format!("{}: {}", shown_path(path), candle_message(inner)),
         other => other.to_string().replace('\n', "; "),
     }
 }

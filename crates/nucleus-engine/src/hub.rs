@@ -43,9 +43,9 @@ pub fn resolve_model(explicit: Option<&Path>) -> Result<PathBuf> {
             Err(e) => format!("cannot be inspected: {e}"),
         };
         let shown = if from_env {
-            format!("{MODEL_ENV}={}", path.display())
+            format!("{MODEL_ENV}={}", crate::error::shown_path(&path))
         } else {
-            path.display().to_string()
+            crate::error::shown_path(&path)
         };
         return Err(EngineError::ModelNotFound(format!("{shown}: {what}")));
     }

@@ -161,14 +161,14 @@ impl LlamaModel {
         if arch != "llama" {
             return Err(EngineError::Unsupported(format!(
                 "{}: architecture {} (general.architecture); only `llama` is supported",
-                path.display(),
+                crate::error::shown_path(path),
                 quote(arch.as_bytes())
             )));
         }
         if md_result(path, md_u64(content, "llama.expert_count"))?.unwrap_or(0) > 1 {
             return Err(EngineError::Unsupported(format!(
                 "{}: mixture-of-experts llama (llama.expert_count > 1)",
-                path.display()
+                crate::error::shown_path(path)
             )));
         }
 
@@ -231,7 +231,7 @@ impl LlamaModel {
                 if v != head_dim {
                     return Err(EngineError::Unsupported(format!(
                         "{}: `{key}` = {v} differs from embedding_length / head_count = {head_dim}",
-                        path.display()
+                        crate::error::shown_path(path)
                     )));
                 }
             }
@@ -241,7 +241,7 @@ impl LlamaModel {
         if rope_dim != head_dim {
             return Err(EngineError::Unsupported(format!(
                 "{}: partial RoPE (llama.rope.dimension_count {rope_dim} != head_dim {head_dim})",
-                path.display()
+                crate::error::shown_path(path)
             )));
         }
         if !(rms_norm_eps.is_finite() && rms_norm_eps >= 0.0) {
@@ -272,7 +272,7 @@ impl LlamaModel {
             Some(other) => {
                 return Err(EngineError::Unsupported(format!(
                     "{}: RoPE scaling {} (llama.rope.scaling.type)",
-                    path.display(),
+                    crate::error::shown_path(path),
                     quote(other.as_bytes())
                 )))
             }
@@ -282,6 +282,7 @@ impl LlamaModel {
             content,
             path,
             device,
+            used: Default::default(),
         };
         // The embedding fixes the vocabulary size.
         let token_embd_q = loader.load(reader, "token_embd.weight", None, hidden_size)?;
@@ -327,6 +328,32 @@ impl LlamaModel {
             None
         };
 
+        // llama.cpp refuses a file holding tensors its model does not use ("wrong number of
+        // tensors"): they are a sign of a corrupt or mislabelled file (`llama.block_count`
+        // below the file's layers). The first of them, in name order, is named.
+        {
+            let used = loader.used.borrow();
+            let mut unused: Vec<&String> = content
+                .tensor_infos
+                .keys()
+                // `rope_freqs.weight` is read below.
+                .filter(|n| !used.contains(*n) && *n != "rope_freqs.weight")
+                .collect();
+            unused.sort();
+            if let Some(first) = unused.first() {
+                return Err(invalid(
+                    path,
+                    format!(
+                        "tensor {} is not part of a {n_layer}-layer llama model \
+                         (`llama.block_count` {n_layer}); {} of the file's {} tensors are \
+                         unused, which llama.cpp refuses too",
+                        quote(first.as_bytes()),
+                        unused.len(),
+                        content.tensor_infos.len()
+                    ),
+                ));
+            }
+        }
         // RoPE frequencies, computed as candle-transformers' `precomput_freqs_cis` does (f32),
         // with llama.cpp's optional per-pair factors and linear position scaling.
         let factors = if content.tensor_infos.contains_key("rope_freqs.weight") {
@@ -609,6 +636,8 @@ struct TensorLoader<'a> {
     content: &'a gguf_file::Content,
     path: &'a Path,
     device: &'a Device,
+    /// The tensors read so far: every tensor of the file must be one of the model's.
+    used: std::cell::RefCell<std::collections::HashSet<String>>,
 }
 
 impl TensorLoader<'_> {
@@ -681,6 +710,7 @@ impl TensorLoader<'_> {
     /// it against the file's length).
     fn read<R: Read + Seek>(&self, reader: &mut R, name: &str, dims: &[usize]) -> Result<QTensor> {
         let info = self.info(name)?;
+        self.used.borrow_mut().insert(name.to_string());
         let elems = dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
         let fits = elems
             .and_then(|e| {

@@ -311,6 +311,35 @@ fn check_special_ids(
     Ok(())
 }
 
+/// The most work [`spm_merges`] may do, in bytes hashed: the sum over pieces of their length
+/// squared (each character boundary of a piece looks up its two parts). Real vocabularies
+/// need under 10^8 (their longest pieces are 48 to 256 bytes: Llama 2, Phi-3, Llama 3, Qwen2,
+/// DeepSeek); one piece of 10 MB would need 10^14, hours of work.
+pub const MAX_SPM_MERGE_WORK: u64 = 1 << 31;
+
+/// Refuses a SentencePiece vocabulary whose merges would take more than
+/// [`MAX_SPM_MERGE_WORK`] to derive, naming its longest piece.
+fn check_spm_work(tokens: &[String]) -> Result<()> {
+    let work = tokens.iter().fold(0u64, |w, t| {
+        let n = t.len() as u64;
+        w.saturating_add(n.saturating_mul(n))
+    });
+    if work <= MAX_SPM_MERGE_WORK {
+        return Ok(());
+    }
+    let (id, longest) = tokens
+        .iter()
+        .enumerate()
+        .max_by_key(|(_, t)| t.len())
+        .map_or((0, 0), |(i, t)| (i, t.len()));
+    Err(tok_err(format!(
+        "the pieces of `tokenizer.ggml.tokens` are too long to derive SentencePiece merges \
+         from: their squared lengths add up to {work} bytes, more than {MAX_SPM_MERGE_WORK} \
+         (the longest, token {id}, is {longest} bytes; real vocabularies add up to less than \
+         10^8)"
+    )))
+}
+
 /// SentencePiece BPE merges from piece scores, as Hugging Face's `generate_merges`
 /// (transformers `convert_slow_tokenizer.py`) derives them.
 ///
@@ -406,6 +435,7 @@ fn llama_tokenizer(content: &gguf_file::Content) -> Result<GgufTokenizer> {
         .enumerate()
         .map(|(i, t)| (t.clone(), i as u32))
         .collect();
+    check_spm_work(&tokens)?;
     let merges = spm_merges(&tokens, &scores, &vocab);
     let mut builder = BPE::builder()
         .vocab_and_merges(vocab, merges)

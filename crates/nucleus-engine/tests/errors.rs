@@ -312,3 +312,35 @@ fn bad_requests_are_errors_and_change_no_cache() -> Result<()> {
     );
     Ok(())
 }
+
+/// A model path is user text: messages show it escaped (control bytes as `\u{1b}`, invalid
+/// UTF-8 as `\xff`) and cut after 256 bytes, whichever message names it.
+#[test]
+fn model_paths_in_messages_are_escaped_and_cut() {
+    use std::os::unix::ffi::OsStrExt;
+    let hostile =
+        std::path::PathBuf::from(std::ffi::OsStr::from_bytes(b"/tmp/bad\x1b[31m\x07\xffname"));
+    let e = nucleus_engine::hub::resolve_model(Some(&hostile)).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "no model available: /tmp/bad\\u{1b}[31m\\u{7}\\xffname: does not exist"
+    );
+    let long = std::path::PathBuf::from(format!(
+        "/tmp/{}",
+        format!("{}/", "d".repeat(49)).repeat(12)
+    ));
+    let e = nucleus_engine::hub::resolve_model(Some(&long))
+        .unwrap_err()
+        .to_string();
+    assert!(e.len() < 256 + 60, "{} bytes: {e}", e.len());
+    assert!(e.ends_with("…: does not exist"), "{e}");
+    // A corrupt file under a hostile name.
+    let dir = std::env::temp_dir().join(format!("nucleus-errors-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(std::ffi::OsStr::from_bytes(b"m\x1b.gguf"));
+    std::fs::write(&file, b"not gguf").unwrap();
+    let e = load_gguf(&file, &Device::Cpu).unwrap_err().to_string();
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(!e.chars().any(|c| c.is_control()), "{e:?}");
+    assert!(e.contains("m\\u{1b}.gguf"), "{e}");
+}

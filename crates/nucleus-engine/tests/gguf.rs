@@ -794,3 +794,74 @@ fn many_bad_special_ids_make_at_most_17_warnings() -> Result<()> {
     assert_eq!(warnings[16], "... and 24 more bad special tokens, ignored");
     Ok(())
 }
+
+/// Deriving SentencePiece merges looks up both parts of every split of every piece: quadratic
+/// in a piece's length (a 10 MB piece took hours). Past a budget the file is refused at once,
+/// naming the longest piece; a long piece within it loads.
+#[test]
+fn pieces_too_long_to_derive_merges_from_are_refused_at_once() -> Result<()> {
+    let with_piece = |len: usize| {
+        let mut raw = stories();
+        let (_, md) = raw.entry_mut("tokenizer.ggml.tokens");
+        let Md::V(Value::Array(tokens)) = md else {
+            panic!("tokens are an array")
+        };
+        tokens[100] = Value::String("A".repeat(len));
+        raw
+    };
+    let raw = with_piece(50_000);
+    let (_, Md::V(Value::Array(tokens))) = raw
+        .metadata
+        .iter()
+        .find(|(k, _)| k == b"tokenizer.ggml.tokens")
+        .unwrap()
+        .clone()
+    else {
+        panic!("tokens")
+    };
+    let squares: u64 = tokens
+        .iter()
+        .map(|t| match t {
+            Value::String(s) => (s.len() as u64).pow(2),
+            _ => 0,
+        })
+        .sum();
+    assert!(squares > 1 << 31);
+    let started = std::time::Instant::now();
+    let m = refused(&raw);
+    assert!(started.elapsed().as_secs() < 5, "{:?}", started.elapsed());
+    assert_eq!(
+        m,
+        format!(
+            "tokenizer: the pieces of `tokenizer.ggml.tokens` are too long to derive \
+             SentencePiece merges from: their squared lengths add up to {squares} bytes, more \
+             than 2147483648 (the longest, token 100, is 50000 bytes; real vocabularies add up \
+             to less than 10^8)"
+        )
+    );
+    let (_file, loaded) = load(&with_piece(4_000));
+    loaded?;
+    Ok(())
+}
+
+/// A file holding tensors the model does not use (a `llama.block_count` below its layers) is
+/// refused, as llama.cpp refuses it ("wrong number of tensors"); it used to load and ignore
+/// the last layer.
+#[test]
+fn tensors_the_model_does_not_use_are_refused() {
+    let original = load_gguf(&common::stories260k(), &Device::Cpu).expect("loads");
+    let layers = original.model.config().n_layer;
+    let mut raw = stories();
+    raw.set_value("llama.block_count", Value::U32(layers as u32 - 1));
+    let m = refused(&raw);
+    let last = layers - 1;
+    assert_eq!(
+        m,
+        format!(
+            "tensor `blk.{last}.attn_k.weight` is not part of a {last}-layer llama model \
+             (`llama.block_count` {last}); 9 of the file's {} tensors are unused, which \
+             llama.cpp refuses too",
+            raw.tensors.len()
+        )
+    );
+}
