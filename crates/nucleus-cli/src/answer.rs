@@ -5,38 +5,74 @@
 //! [`IN_MEMORY_MAX`] bytes ([`Prepared::new`]); a larger one (a `dist` over a big vocabulary, a
 //! large `expanded_x`) is serialised straight into the output writer when its turn comes
 //! ([`Prepared::write`]), so the only copy of its data in memory is the operator's own output.
-//! A value is written as `{"error": ...}` by [`Reply`].
+//! A value is written as `{"error": ...}` by [`Reply`], its message cut after
+//! [`MESSAGE_MAX_BYTES`] bytes.
 
+use std::borrow::Cow;
 use std::io::{self, Write};
 
 use serde::{Serialize, Serializer};
+
+use crate::input::{cut, MESSAGE_MAX_BYTES};
 
 /// Answers of at most this many bytes are serialised into memory in parallel; larger ones are
 /// written straight to the output (a block of 1,024 small answers holds at most 256 MiB).
 pub const IN_MEMORY_MAX: usize = 256 << 10;
 
 /// One answer line: `Ok(answer)` is written as the answer, `Err(error)` as
-/// `{"error": error}` (both error types serialise as `{"kind", "message"}`).
+/// `{"error": {"kind": ..., "message": ...}}`, the message cut after
+/// [`MESSAGE_MAX_BYTES`] bytes (then `...`): this is where every error answer of the three
+/// JSON-lines commands is serialised, so none is unbounded (JSON escapes control characters
+/// itself; a 100 KB unknown field name made a 200 KB message).
 #[derive(Debug)]
 pub struct Reply<A, E>(pub Result<A, E>);
 
-#[derive(Serialize)]
-struct ErrorLine<'a, E> {
-    error: &'a E,
+/// What an error answer holds: a stable snake_case `kind` and a `message` in words.
+pub trait ErrorAnswer {
+    /// The kind (`invalid_row`, `allocation`, ...).
+    fn kind(&self) -> &str;
+    /// What was wrong (written cut after [`MESSAGE_MAX_BYTES`] bytes).
+    fn message(&self) -> &str;
 }
 
-impl<A: Serialize, E: Serialize> Serialize for Reply<A, E> {
+impl<T: ErrorAnswer + ?Sized> ErrorAnswer for &T {
+    fn kind(&self) -> &str {
+        (**self).kind()
+    }
+    fn message(&self) -> &str {
+        (**self).message()
+    }
+}
+
+#[derive(Serialize)]
+struct ErrorLine<'a> {
+    error: ErrorFields<'a>,
+}
+
+#[derive(Serialize)]
+struct ErrorFields<'a> {
+    kind: &'a str,
+    message: Cow<'a, str>,
+}
+
+impl<A: Serialize, E: ErrorAnswer> Serialize for Reply<A, E> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match &self.0 {
             Ok(answer) => answer.serialize(s),
-            Err(error) => ErrorLine { error }.serialize(s),
+            Err(error) => ErrorLine {
+                error: ErrorFields {
+                    kind: error.kind(),
+                    message: cut(error.message(), MESSAGE_MAX_BYTES),
+                },
+            }
+            .serialize(s),
         }
     }
 }
 
 /// An error object `{"kind", "message"}` for the lines the streaming loop answers itself
 /// (`input_too_large`, `allocation`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ErrorObject {
     /// A stable snake_case name.
     pub kind: &'static str,
@@ -44,11 +80,20 @@ pub struct ErrorObject {
     pub message: String,
 }
 
-/// `{"error": {"kind", "message"}}` as a line (without newline).
+impl ErrorAnswer for ErrorObject {
+    fn kind(&self) -> &str {
+        self.kind
+    }
+    fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+/// `{"error": {"kind", "message"}}` as a line (without newline), written by [`Reply`].
 pub fn error_line(kind: &'static str, message: String) -> Vec<u8> {
     let error = ErrorObject { kind, message };
     // A struct of two strings serialises.
-    serde_json::to_vec(&ErrorLine { error: &error }).unwrap_or_default()
+    serde_json::to_vec(&Reply::<(), _>(Err(error))).unwrap_or_default()
 }
 
 /// A `Vec<u8>` writer that holds at most `max` bytes and reserves fallibly: a write past
@@ -160,5 +205,16 @@ mod tests {
         assert_eq!(lines[2], r#"{"error":{"kind":"shape","message":"m"}}"#);
         assert!(to_bytes_within(&vec![7u32; 10], 5).is_none());
         assert_eq!(to_line(&[1u8]), b"[1]");
+    }
+
+    #[test]
+    fn an_error_answer_s_message_is_cut_at_the_bound() {
+        let long = "é".repeat(MESSAGE_MAX_BYTES);
+        let line = error_line("invalid_row", long);
+        let value: serde_json::Value = serde_json::from_slice(&line).unwrap();
+        let message = value["error"]["message"].as_str().unwrap();
+        assert_eq!(message.len(), MESSAGE_MAX_BYTES + 3);
+        assert!(message.ends_with("é..."), "{message}");
+        assert_eq!(value["error"]["kind"], "invalid_row");
     }
 }

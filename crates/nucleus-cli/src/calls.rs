@@ -14,7 +14,7 @@ use crate::sample::{from_json, JsonError, RunError};
 
 /// Why a call got no answer: `kind` is a stable snake_case name (`invalid_json`,
 /// `invalid_call`, or the operator's own kinds), `message` says what was wrong.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CallError {
     /// A stable snake_case name.
     pub kind: &'static str,
@@ -34,6 +34,15 @@ impl CallError {
     /// `invalid_call`: JSON of the wrong shape, or a tensor file of the wrong contents.
     pub fn invalid_call(message: impl Into<String>) -> Self {
         Self::new("invalid_call", message)
+    }
+}
+
+impl crate::answer::ErrorAnswer for CallError {
+    fn kind(&self) -> &str {
+        self.kind
+    }
+    fn message(&self) -> &str {
+        &self.message
     }
 }
 

@@ -13,9 +13,11 @@
 //! - `error: ...` on stderr (exit 2, grep's convention: every error, since 1 is "rejected"): a
 //!   grammar that does not compile (llguidance's message), an unreadable file or one larger
 //!   than `--max-input-bytes` ([`crate::input`]), a tokenizer or model that cannot be loaded,
-//!   `--max-whitespace` without `--json-schema`. Bad flags are clap's usage message, also
-//!   exit 2.
+//!   `--max-whitespace` without `--json-schema`, a verdict that cannot be written (a full
+//!   disk; a closed pipe keeps the verdict's status quietly). Bad flags are clap's usage
+//!   message, also exit 2.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -106,19 +108,30 @@ const END_TOKEN_NAMES: [&str; 8] = [
 ];
 
 /// Runs `nucleus grammar validate`: prints the verdict on stdout (or `error: ...` on stderr)
-/// and returns the exit status (0 accepted, 1 rejected, 2 error).
+/// and returns the exit status (0 accepted, 1 rejected, 2 error). A closed stdout (`| true`)
+/// keeps the verdict's status quietly; any other failure to write it is an error (2, `error:
+/// writing the output: ...`).
 pub fn validate_command(args: &ValidateArgs) -> ExitCode {
     match validate(args) {
         Ok(verdict) => {
-            println!("{verdict}");
-            if verdict.is_accepted() {
+            let status = if verdict.is_accepted() {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::from(1)
+            };
+            let mut out = std::io::stdout().lock();
+            match writeln!(out, "{verdict}").and_then(|()| out.flush()) {
+                Ok(()) => status,
+                // The reader went away (`| true`): the verdict stands, quietly.
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => status,
+                Err(e) => {
+                    crate::report::error(&format!("writing the output: {e}"));
+                    ExitCode::from(2)
+                }
             }
         }
         Err(e) => {
-            eprintln!("error: {}", crate::usage::message(&e));
+            crate::report::error(&crate::usage::message(&e));
             ExitCode::from(2)
         }
     }
@@ -283,7 +296,7 @@ fn token_env(args: &ValidateArgs) -> Result<TokenEnv> {
     let path = nucleus_engine::hub::resolve_model(args.model.as_deref())?;
     let loaded = nucleus_engine::load_gguf(&path, &nucleus_engine::Device::Cpu)?;
     for warning in &loaded.warnings {
-        eprintln!("warning: {warning}");
+        crate::report::warning(&warning.to_string());
     }
     let tokenizer = &loaded.tokenizer.tokenizer;
     let eos = end_tokens(tokenizer, loaded.tokenizer.eos_token_id);

@@ -112,7 +112,9 @@ pub fn shown(text: &str) -> String {
     shown_within(text, SHOWN_MAX_BYTES)
 }
 
-/// The most bytes of a library's message quoted by [`not_safetensors`].
+/// The most bytes of one message: an `error:` or `warning:` line on stderr
+/// ([`crate::report`]), the message of an error answer ([`crate::answer`]), a library's
+/// message quoted by [`not_safetensors`]. A longer one is cut there and ends in `...`.
 pub const MESSAGE_MAX_BYTES: usize = 1024;
 
 /// The message for bytes that are not a safetensors file: the safetensors crate's own, which
@@ -126,7 +128,7 @@ pub fn not_safetensors(e: &safetensors::SafeTensorError) -> String {
 }
 
 /// `text` with control characters escaped, cut after `max` bytes (then `...`).
-fn shown_within(text: &str, max: usize) -> String {
+pub fn shown_within(text: &str, max: usize) -> String {
     let mut out = String::new();
     for c in text.chars() {
         if out.len() >= max {
@@ -140,6 +142,19 @@ fn shown_within(text: &str, max: usize) -> String {
         }
     }
     out
+}
+
+/// `text` cut after at most `max` bytes, at a character boundary, then `...`; unchanged when
+/// it is no longer (the messages of JSON answers, whose control characters JSON escapes).
+pub fn cut(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= max {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    std::borrow::Cow::Owned(format!("{}...", &text[..end]))
 }
 
 /// A path as error messages echo it ([`shown`] of its lossy UTF-8 form).
@@ -463,6 +478,14 @@ mod tests {
         assert_eq!(MaxInputBytes(1 << 30).to_string(), "1073741824 bytes (1G)");
         assert_eq!(MaxInputBytes(1000).to_string(), "1000 bytes");
         assert_eq!(MaxInputBytes(3072).to_string(), "3072 bytes (3K)");
+    }
+
+    #[test]
+    fn cut_keeps_short_text_and_cuts_long_text_at_a_character_boundary() {
+        assert_eq!(cut("abc", 3), "abc");
+        assert_eq!(cut("abcd", 3), "abc...");
+        // "é" is two bytes: a cut inside it goes back to its start.
+        assert_eq!(cut("aéb", 2), "a...");
     }
 
     #[test]

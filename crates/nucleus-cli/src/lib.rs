@@ -18,6 +18,8 @@
 //!   in parallel, large ones straight into the output).
 //! - [`usage`](mod@usage): the exit statuses, and [`usage::UsageError`] for a bad flag value
 //!   (exit status 2).
+//! - [`report`](mod@report): `error:` and `warning:` lines on stderr, escaped and bounded and
+//!   never a crash when stderr cannot be written; stdout's write errors named.
 //! - [`moe_init_routing`](mod@moe_init_routing): `nucleus moe-init-routing`, nucleus-moe's
 //!   MoE token routing (`npu_moe_init_routing_v2`) on calls given as JSON lines or a
 //!   safetensors file, one JSON answer per call.
@@ -30,5 +32,6 @@ pub mod grammar;
 pub mod input;
 pub mod moe_init_routing;
 pub mod npu_sample;
+pub mod report;
 pub mod sample;
 pub mod usage;

@@ -13,6 +13,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
+use nucleus_cli::report::{self, Output};
 use nucleus_cli::usage::UsageError;
 use nucleus_engine::{
     hub, load_gguf, Engine, EngineConfig, EngineError, FinishReason, GrammarOptions, Request,
@@ -170,10 +171,9 @@ struct GenerateArgs {
 }
 
 fn main() -> ExitCode {
-    // A bug must not print a backtrace at the user: one line, then exit 101.
-    std::panic::set_hook(Box::new(|info| {
-        eprintln!("nucleus: internal error: {info}");
-    }));
+    // A bug must not print a backtrace at the user: one line, then exit 101. The hook never
+    // panics itself (a panic inside it aborts the process).
+    std::panic::set_hook(Box::new(nucleus_cli::report::panic_hook));
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(args) => generate(args),
@@ -182,11 +182,12 @@ fn main() -> ExitCode {
         Command::MoeInitRouting(args) => Ok(nucleus_cli::moe_init_routing::command(&args)),
         Command::Bench(BenchCommand::Sampling(args)) => bench_sampling(args),
         Command::Bench(BenchCommand::NpuSample(args)) => {
-            nucleus_cli::bench::npu_sample::run(&args, &mut std::io::stdout())
+            nucleus_cli::bench::npu_sample::run(&args, &mut Output(std::io::stdout()))
                 .map(|()| ExitCode::SUCCESS)
         }
         Command::Bench(BenchCommand::Moe(args)) => {
-            nucleus_cli::bench::moe::run(&args, &mut std::io::stdout()).map(|()| ExitCode::SUCCESS)
+            nucleus_cli::bench::moe::run(&args, &mut Output(std::io::stdout()))
+                .map(|()| ExitCode::SUCCESS)
         }
         Command::Grammar(GrammarCommand::Validate(args)) => {
             Ok(nucleus_cli::grammar::validate_command(&args))
@@ -196,14 +197,16 @@ fn main() -> ExitCode {
         Ok(code) => code,
         // The reader went away (`nucleus generate ... | head`): stop quietly, as Unix tools do.
         Err(e)
-            if e.downcast_ref::<std::io::Error>()
-                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe) =>
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) =>
         {
             ExitCode::SUCCESS
         }
         Err(e) => {
             // The error and its causes on one line ("cannot read X: No such file"), each once.
-            eprintln!("error: {}", nucleus_cli::usage::message(&e));
+            report::error(&nucleus_cli::usage::message(&e));
             // A bad flag value (or a flag without effect) is a usage error, like clap's own.
             if nucleus_cli::usage::is_usage(&e) {
                 ExitCode::from(nucleus_cli::usage::USAGE_STATUS)
@@ -258,7 +261,7 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
     let path = hub::resolve_model(args.model.as_deref())?;
     let loaded = load_gguf(&path, &candle_device())?;
     for warning in &loaded.warnings {
-        eprintln!("warning: {warning}");
+        report::warning(&warning.to_string());
     }
     let mut engine = Engine::new(loaded.model, loaded.tokenizer, EngineConfig::default());
 
@@ -287,7 +290,7 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
     }
 
     let stdout = std::io::stdout();
-    let mut out = stdout.lock();
+    let mut out = Output(stdout.lock());
     if streaming && args.echo {
         write!(out, "{}", args.prompt[0])?;
         out.flush()?;
@@ -334,30 +337,30 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
             0.0
         }
     };
-    eprintln!(
+    report::note(&format!(
         "prefill: {} tokens in {:.3} s ({:.1} tokens/s)",
         m.prefill_tokens,
         m.prefill_time.as_secs_f64(),
         rate(m.prefill_tokens, m.prefill_time)
-    );
-    eprintln!(
+    ));
+    report::note(&format!(
         "decode: {} tokens in {:.3} s ({:.1} tokens/s); {} tokens generated in all",
         m.decode_tokens,
         m.decode_time.as_secs_f64(),
         rate(m.decode_tokens, m.decode_time),
         m.generated_tokens
-    );
+    ));
     for (index, seed) in seeds.iter().enumerate() {
-        eprintln!("request {index}: seed {seed}");
+        report::note(&format!("request {index}: seed {seed}"));
     }
     finished.sort_by_key(|f| (f.0, f.1));
     let mut failed = false;
     for (request, sample, reason, tokens) in finished {
         let index = ids.iter().position(|&r| r == request).unwrap_or(0);
         let plural = if tokens == 1 { "" } else { "s" };
-        eprintln!(
+        report::note(&format!(
             "request {index} sample {sample}: finish reason {reason}, {tokens} token{plural}"
-        );
+        ));
         failed |= matches!(reason, FinishReason::Error(_));
     }
     Ok(if failed {
@@ -391,7 +394,7 @@ fn bench_sampling(args: BenchSamplingArgs) -> Result<ExitCode> {
         iters: args.iters,
         ..Default::default()
     };
-    nucleus_cli::bench::sampling::run(&config, &mut std::io::stdout())?;
+    nucleus_cli::bench::sampling::run(&config, &mut Output(std::io::stdout()))?;
     Ok(ExitCode::SUCCESS)
 }
 

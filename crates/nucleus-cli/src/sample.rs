@@ -409,16 +409,16 @@ pub fn run_command(
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(RunError::Usage(message)) => {
-            eprintln!("error: {message}");
+            crate::report::error(&message);
             ExitCode::from(crate::usage::USAGE_STATUS)
         }
         Err(RunError::Input(message)) => {
-            eprintln!("error: {message}");
+            crate::report::error(&message);
             ExitCode::FAILURE
         }
         Err(RunError::Output(e)) if e.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
         Err(RunError::Output(e)) => {
-            eprintln!("error: writing the output: {e}");
+            crate::report::error(&format!("writing the output: {e}"));
             ExitCode::FAILURE
         }
     }

@@ -161,7 +161,7 @@ pub fn check_top_logprobs(output: &SampleOutput) -> Result<(), RowError> {
 /// `no_candidates`, `invalid_params`, `penalty_overflow`, `seed_unavailable`,
 /// `token_id_out_of_range`), `invalid_json` (the line does not parse as JSON) and
 /// `invalid_row` (well-formed JSON whose fields are wrong).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RowError {
     /// The error's kind.
     pub kind: &'static str,
@@ -184,6 +184,15 @@ impl RowError {
             kind: "invalid_row",
             message: message.into(),
         }
+    }
+}
+
+impl crate::answer::ErrorAnswer for RowError {
+    fn kind(&self) -> &str {
+        self.kind
+    }
+    fn message(&self) -> &str {
+        &self.message
     }
 }
 

@@ -110,3 +110,61 @@ pub fn bf16_bytes(v: &[f32]) -> Vec<u8> {
         .flat_map(|&x| half::bf16::from_f32(x).to_bits().to_le_bytes())
         .collect()
 }
+
+/// A file of the project's shared folder (`../shared` beside the checkout), as a string.
+pub fn shared(path: &str) -> String {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared")
+        .join(path);
+    p.to_str().unwrap().to_string()
+}
+
+/// `/dev/full` opened for writing: every write to it fails with "No space left on device".
+pub fn dev_full() -> Stdio {
+    Stdio::from(
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .expect("open /dev/full"),
+    )
+}
+
+/// The write end of a pipe whose read end is closed: every write to it fails with
+/// "Broken pipe" (as `2>&1 | true` once `true` has exited).
+pub fn closed_pipe() -> Stdio {
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    Stdio::from(writer)
+}
+
+/// Runs `nucleus ARGS` with stdout and stderr as given and stdin empty; the exit status and
+/// whatever of stdout and stderr was piped.
+pub fn run_with(args: &[&str], stdout: Stdio, stderr: Stdio) -> Output {
+    nucleus()
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr)
+        .output()
+        .expect("run nucleus")
+}
+
+/// Runs `nucleus ARGS` under an address-space limit of `kib` KiB (`ulimit -v`), with the
+/// threads that count against it fixed (two rayon threads, two malloc arenas), stdin from
+/// `stdin` when given.
+pub fn run_under_ulimit(kib: u64, args: &[&str], stdin: Option<&Path>) -> Output {
+    let mut cmd = Command::new("bash");
+    cmd.arg("-c")
+        .arg(format!("ulimit -v {kib} && exec \"$0\" \"$@\""))
+        .arg(env!("CARGO_BIN_EXE_nucleus"))
+        .args(args)
+        .env("RAYON_NUM_THREADS", "2")
+        .env("MALLOC_ARENA_MAX", "2")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    match stdin {
+        Some(path) => cmd.stdin(Stdio::from(std::fs::File::open(path).expect("stdin file"))),
+        None => cmd.stdin(Stdio::null()),
+    };
+    cmd.output().expect("run nucleus under bash")
+}
