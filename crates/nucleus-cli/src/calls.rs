@@ -52,6 +52,32 @@ impl std::fmt::Display for CallError {
     }
 }
 
+/// Why the tensors of a safetensors call were not taken: a call error, which is the call's
+/// answer, or a tensor whose copy out of the file cannot be held in memory, which ends the
+/// run with one `error:` line (exit status 1).
+#[derive(Debug)]
+pub enum TensorsError {
+    /// A wrong, missing or unknown tensor, rank or dtype: answered.
+    Call(CallError),
+    /// A copy the machine cannot hold: the message.
+    Memory(String),
+}
+
+impl From<CallError> for TensorsError {
+    fn from(e: CallError) -> Self {
+        TensorsError::Call(e)
+    }
+}
+
+impl From<crate::input::TensorCopyError<CallError>> for TensorsError {
+    fn from(e: crate::input::TensorCopyError<CallError>) -> Self {
+        match e {
+            crate::input::TensorCopyError::Memory(m) => TensorsError::Memory(m),
+            crate::input::TensorCopyError::Value(e) => TensorsError::Call(e),
+        }
+    }
+}
+
 /// One output line (without its newline): the answer, or `{"error": {...}}`; an
 /// `allocation` error line when the answer cannot be held in memory.
 pub fn line<A: Serialize>(result: &Result<A, CallError>) -> Vec<u8> {

@@ -1,7 +1,8 @@
 //! What every command that reads input shares: the `--max-input-bytes` flag ([`InputLimit`]),
 //! reading a file given by a flag within that limit ([`read_file`], [`read_stdin`]), JSON
-//! lines read within it ([`LineReader`]), and how file and tensor names are echoed in error
-//! messages ([`shown`], [`shown_path`]).
+//! lines read within it ([`LineReader`]), a tensor copied out of a file's bytes into memory
+//! reserved first ([`copy_tensor`]), and how names and messages are echoed ([`shown`],
+//! [`shown_path`], [`shown_within`], [`cut`]).
 //!
 //! # The limit
 //!
@@ -155,6 +156,59 @@ pub fn cut(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
         end -= 1;
     }
     std::borrow::Cow::Owned(format!("{}...", &text[..end]))
+}
+
+/// The `len` values of a tensor copied out of a file's bytes into a vector reserved first
+/// (`try_reserve_exact`), so that a tensor within `--max-input-bytes` whose copy the machine
+/// cannot hold is a message, not an abort; a value that fails its conversion (`Err`) stops
+/// the copy with that error.
+///
+/// # Errors
+/// [`TensorCopyError::Memory`] naming the tensor and the bytes when the vector cannot be
+/// reserved; [`TensorCopyError::Value`] with the first value's error.
+pub fn copy_tensor<T, E>(
+    name: &str,
+    len: usize,
+    values: impl Iterator<Item = Result<T, E>>,
+) -> Result<Vec<T>, TensorCopyError<E>> {
+    let mut v = Vec::new();
+    if v.try_reserve_exact(len).is_err() {
+        return Err(TensorCopyError::Memory(format!(
+            "cannot hold tensor `{}` in memory: {len} values of {} bytes ({} bytes)",
+            shown(name),
+            std::mem::size_of::<T>(),
+            (len as u128) * std::mem::size_of::<T>() as u128
+        )));
+    }
+    for value in values.take(len) {
+        v.push(value.map_err(TensorCopyError::Value)?);
+    }
+    Ok(v)
+}
+
+/// [`copy_tensor`] of values that cannot fail their conversion.
+///
+/// # Errors
+/// The message of [`TensorCopyError::Memory`].
+pub fn copy_values<T>(
+    name: &str,
+    len: usize,
+    values: impl Iterator<Item = T>,
+) -> Result<Vec<T>, String> {
+    copy_tensor(name, len, values.map(Ok::<T, std::convert::Infallible>)).map_err(|e| match e {
+        TensorCopyError::Memory(m) => m,
+        TensorCopyError::Value(never) => match never {},
+    })
+}
+
+/// Why [`copy_tensor`] failed.
+#[derive(Debug)]
+pub enum TensorCopyError<E> {
+    /// The copy cannot be held in memory: a message for the run's one `error:` line (exit
+    /// status 1).
+    Memory(String),
+    /// A value's own error.
+    Value(E),
 }
 
 /// A path as error messages echo it ([`shown`] of its lossy UTF-8 form).

@@ -76,7 +76,10 @@ use serde::ser::SerializeSeq;
 use serde::{Deserialize, Serialize, Serializer};
 
 use crate::answer::Reply;
-use crate::input::{read_file, shown, shown_path, InputLimit, MaxInputBytes};
+use crate::calls::TensorsError;
+use crate::input::{
+    copy_tensor, copy_values, read_file, shown, shown_path, InputLimit, MaxInputBytes,
+};
 use crate::sample::input::{Fallible, Lenient};
 use crate::sample::output::non_finite_name;
 
@@ -866,23 +869,37 @@ fn words<const W: usize>(raw: &[u8]) -> impl Iterator<Item = [u8; W]> + '_ {
     })
 }
 
-/// An F32 tensor's values (any rank: flattened).
-fn f32_tensor(name: &str, t: &safetensors::tensor::TensorView<'_>) -> Result<Vec<f32>, CallError> {
+/// An F32 tensor's values (any rank: flattened), copied into a vector reserved first.
+fn f32_tensor(
+    name: &str,
+    t: &safetensors::tensor::TensorView<'_>,
+) -> Result<Vec<f32>, TensorsError> {
     if t.dtype() != Dtype::F32 {
-        return Err(dtype_error(name, t.dtype(), "F32"));
+        return Err(dtype_error(name, t.dtype(), "F32").into());
     }
-    Ok(words::<4>(t.data()).map(f32::from_le_bytes).collect())
+    copy_values(
+        name,
+        t.data().len() / 4,
+        words::<4>(t.data()).map(f32::from_le_bytes),
+    )
+    .map_err(TensorsError::Memory)
 }
 
-/// Collects and checks the tensors of `file`.
-fn tensors(file: &SafeTensors<'_>) -> Result<Tensors, CallError> {
+/// Collects and checks the tensors of `file`, each copied out of the file's bytes into a
+/// vector reserved first.
+///
+/// # Errors
+/// [`TensorsError::Call`] for a wrong, missing or unknown tensor (an answer);
+/// [`TensorsError::Memory`] for a copy that cannot be held in memory.
+fn tensors(file: &SafeTensors<'_>) -> Result<Tensors, TensorsError> {
     let mut names = file.names();
     names.sort_unstable();
     if let Some(unknown) = names.iter().find(|n| !TENSOR_NAMES.contains(n)) {
         return Err(CallError::invalid_call(format!(
             "unknown tensor `{}`: the tensors are x, expert_idx, scale and offset",
             shown(unknown)
-        )));
+        ))
+        .into());
     }
     let get = |name: &str| file.tensor(name).ok();
     let require = |name: &str| {
@@ -892,44 +909,62 @@ fn tensors(file: &SafeTensors<'_>) -> Result<Tensors, CallError> {
     };
     let x = require("x")?;
     let &[num_rows, hidden_size] = x.shape() else {
-        return Err(rank_error("x", x.shape(), "rank 2, [N, H]"));
+        return Err(rank_error("x", x.shape(), "rank 2, [N, H]").into());
     };
     let raw = x.data();
     let halves = || words::<2>(raw).map(u16::from_le_bytes);
+    let memory = TensorsError::Memory;
     let x_data = match x.dtype() {
-        Dtype::F32 => XData::F32(words::<4>(raw).map(f32::from_le_bytes).collect()),
-        Dtype::F16 => XData::F16(halves().map(f16::from_bits).collect()),
-        Dtype::BF16 => XData::Bf16(halves().map(bf16::from_bits).collect()),
-        Dtype::I8 => XData::I8(raw.iter().map(|&b| b as i8).collect()),
-        other => return Err(dtype_error("x", other, "F32, F16, BF16 or I8")),
+        Dtype::F32 => XData::F32(
+            copy_values("x", raw.len() / 4, words::<4>(raw).map(f32::from_le_bytes))
+                .map_err(memory)?,
+        ),
+        Dtype::F16 => XData::F16(
+            copy_values("x", raw.len() / 2, halves().map(f16::from_bits)).map_err(memory)?,
+        ),
+        Dtype::BF16 => XData::Bf16(
+            copy_values("x", raw.len() / 2, halves().map(bf16::from_bits)).map_err(memory)?,
+        ),
+        Dtype::I8 => {
+            XData::I8(copy_values("x", raw.len(), raw.iter().map(|&b| b as i8)).map_err(memory)?)
+        }
+        other => return Err(dtype_error("x", other, "F32, F16, BF16 or I8").into()),
     };
     let idx = require("expert_idx")?;
     let &[idx_rows, k] = idx.shape() else {
-        return Err(rank_error("expert_idx", idx.shape(), "rank 2, [N, K]"));
+        return Err(rank_error("expert_idx", idx.shape(), "rank 2, [N, K]").into());
     };
     if idx_rows != num_rows {
-        return Err(rows_error(num_rows, idx_rows));
+        return Err(rows_error(num_rows, idx_rows).into());
     }
     let expert_idx = match idx.dtype() {
-        Dtype::I32 => words::<4>(idx.data()).map(i32::from_le_bytes).collect(),
-        Dtype::I64 => words::<8>(idx.data())
-            .map(i64::from_le_bytes)
-            .enumerate()
-            .map(|(i, v)| {
-                i32::try_from(v).map_err(|_| {
-                    CallError::invalid_call(format!(
-                        "tensor `expert_idx` (I64) holds {v} at flat position {i}: expert ids must fit in i32"
-                    ))
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?,
-        other => return Err(dtype_error("expert_idx", other, "I32 (or I64)")),
+        Dtype::I32 => copy_values(
+            "expert_idx",
+            idx.data().len() / 4,
+            words::<4>(idx.data()).map(i32::from_le_bytes),
+        )
+        .map_err(memory)?,
+        Dtype::I64 => copy_tensor(
+            "expert_idx",
+            idx.data().len() / 8,
+            words::<8>(idx.data())
+                .map(i64::from_le_bytes)
+                .enumerate()
+                .map(|(i, v)| {
+                    i32::try_from(v).map_err(|_| {
+                        CallError::invalid_call(format!(
+                            "tensor `expert_idx` (I64) holds {v} at flat position {i}: expert ids must fit in i32"
+                        ))
+                    })
+                }),
+        )?,
+        other => return Err(dtype_error("expert_idx", other, "I32 (or I64)").into()),
     };
     let scale = match get("scale") {
         None => None,
         Some(s) => {
             if !(1..=2).contains(&s.shape().len()) {
-                return Err(rank_error("scale", s.shape(), "rank 1 or 2"));
+                return Err(rank_error("scale", s.shape(), "rank 1 or 2").into());
             }
             Some(f32_tensor("scale", &s)?)
         }
@@ -938,7 +973,7 @@ fn tensors(file: &SafeTensors<'_>) -> Result<Tensors, CallError> {
         None => None,
         Some(o) => {
             if o.shape().len() != 1 {
-                return Err(rank_error("offset", o.shape(), "rank 1, [1]"));
+                return Err(rank_error("offset", o.shape(), "rank 1, [1]").into());
             }
             Some(f32_tensor("offset", &o)?)
         }
@@ -957,16 +992,23 @@ fn tensors(file: &SafeTensors<'_>) -> Result<Tensors, CallError> {
 /// Answers the call held by a safetensors file's bytes.
 ///
 /// # Errors
-/// A message when the bytes are not a safetensors file; a call error (wrong, missing or
-/// unknown tensors, ranks, dtypes, the operator's errors) is an answer.
+/// A message when the bytes are not a safetensors file or a tensor's copy cannot be held in
+/// memory; a call error (wrong, missing or unknown tensors, ranks, dtypes, the operator's
+/// errors) is an answer.
 pub fn answer_safetensors(
     bytes: &[u8],
     attrs: &AttrsInput,
 ) -> Result<Result<Answer, CallError>, String> {
     let file = SafeTensors::deserialize(bytes).map_err(|e| crate::input::not_safetensors(&e))?;
-    Ok(attrs
-        .to_attrs()
-        .and_then(|a| tensors(&file).and_then(|t| t.answer(&a))))
+    let attrs = match attrs.to_attrs() {
+        Ok(a) => a,
+        Err(e) => return Ok(Err(e)),
+    };
+    match tensors(&file) {
+        Ok(t) => Ok(t.answer(&attrs)),
+        Err(TensorsError::Call(e)) => Ok(Err(e)),
+        Err(TensorsError::Memory(m)) => Err(m),
+    }
 }
 
 /// `--tensors FILE --attrs JSON`: one call, one answer line. The file is read within `limit`

@@ -64,7 +64,10 @@ use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize, Serializer};
 
 use crate::answer::Reply;
-use crate::input::{read_file, shown, shown_path, InputLimit, MaxInputBytes};
+use crate::calls::TensorsError;
+use crate::input::{
+    copy_tensor, copy_values, read_file, shown, shown_path, InputLimit, MaxInputBytes,
+};
 use crate::sample::input::{Fallible, Lenient, Row};
 
 /// The flags of `nucleus top-k-top-p-sample`.
@@ -491,19 +494,30 @@ fn words<const W: usize>(raw: &[u8]) -> impl Iterator<Item = [u8; W]> + '_ {
     })
 }
 
-fn read_floats(name: &str, t: &safetensors::tensor::TensorView<'_>) -> Result<Floats, CallError> {
+/// A float tensor's values, copied into a vector reserved first.
+fn read_floats(
+    name: &str,
+    t: &safetensors::tensor::TensorView<'_>,
+) -> Result<Floats, TensorsError> {
     let raw = t.data();
     let halves = || words::<2>(raw).map(u16::from_le_bytes);
+    let copy = |width: usize| raw.len() / width;
+    let memory = TensorsError::Memory;
     match t.dtype() {
         Dtype::F32 => Ok(Floats::F32(
-            words::<4>(raw).map(f32::from_le_bytes).collect(),
+            copy_values(name, copy(4), words::<4>(raw).map(f32::from_le_bytes)).map_err(memory)?,
         )),
-        Dtype::F16 => Ok(Floats::F16(halves().map(f16::from_bits).collect())),
-        Dtype::BF16 => Ok(Floats::Bf16(halves().map(bf16::from_bits).collect())),
+        Dtype::F16 => Ok(Floats::F16(
+            copy_values(name, copy(2), halves().map(f16::from_bits)).map_err(memory)?,
+        )),
+        Dtype::BF16 => Ok(Floats::Bf16(
+            copy_values(name, copy(2), halves().map(bf16::from_bits)).map_err(memory)?,
+        )),
         other => Err(CallError::new(
             "dtype_mismatch",
             format!("tensor `{name}` is {other:?}: expected F32, F16 or BF16"),
-        )),
+        )
+        .into()),
     }
 }
 
@@ -514,15 +528,21 @@ fn rank_error(name: &str, shape: &[usize], want: &str) -> CallError {
     )
 }
 
-/// Collects and checks the tensors of `file`.
-fn tensors(file: &SafeTensors<'_>) -> Result<Tensors, CallError> {
+/// Collects and checks the tensors of `file`, each copied out of the file's bytes into a
+/// vector reserved first.
+///
+/// # Errors
+/// [`TensorsError::Call`] for a wrong, missing or unknown tensor (an answer);
+/// [`TensorsError::Memory`] for a copy that cannot be held in memory.
+fn tensors(file: &SafeTensors<'_>) -> Result<Tensors, TensorsError> {
     let mut names = file.names();
     names.sort_unstable();
     if let Some(unknown) = names.iter().find(|n| !TENSOR_NAMES.contains(n)) {
         return Err(CallError::invalid_call(format!(
             "unknown tensor `{}`: the tensors are logits, top_k, top_p, q and min_ps",
             shown(unknown)
-        )));
+        ))
+        .into());
     }
     let get = |name: &str| file.tensor(name).ok();
     let require = |name: &str| {
@@ -532,46 +552,52 @@ fn tensors(file: &SafeTensors<'_>) -> Result<Tensors, CallError> {
     };
     let logits = require("logits")?;
     let &[batch, vocab] = logits.shape() else {
-        return Err(rank_error(
-            "logits",
-            logits.shape(),
-            "rank 2, [batch, vocab]",
-        ));
+        return Err(rank_error("logits", logits.shape(), "rank 2, [batch, vocab]").into());
     };
     if batch == 0 || vocab == 0 {
         return Err(CallError::invalid_call(format!(
             "tensor `logits` has shape [{batch}, {vocab}]: at least one row and one column are needed"
-        )));
+        ))
+        .into());
     }
     let logits_values = read_floats("logits", &logits)?;
     let top_k = require("top_k")?;
     if top_k.shape().len() != 1 {
-        return Err(rank_error("top_k", top_k.shape(), "rank 1, [batch]"));
+        return Err(rank_error("top_k", top_k.shape(), "rank 1, [batch]").into());
     }
     let top_k_values = match top_k.dtype() {
-        Dtype::I32 => words::<4>(top_k.data()).map(i32::from_le_bytes).collect(),
+        Dtype::I32 => copy_values(
+            "top_k",
+            top_k.data().len() / 4,
+            words::<4>(top_k.data()).map(i32::from_le_bytes),
+        )
+        .map_err(TensorsError::Memory)?,
         // PyTorch's default integer type.
-        Dtype::I64 => words::<8>(top_k.data())
-            .map(i64::from_le_bytes)
-            .enumerate()
-            .map(|(i, v)| {
-                i32::try_from(v).map_err(|_| {
-                    CallError::invalid_call(format!(
-                        "tensor `top_k` (I64) holds {v} at index {i}: top_k values must fit in i32"
-                    ))
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?,
+        Dtype::I64 => copy_tensor(
+            "top_k",
+            top_k.data().len() / 8,
+            words::<8>(top_k.data())
+                .map(i64::from_le_bytes)
+                .enumerate()
+                .map(|(i, v)| {
+                    i32::try_from(v).map_err(|_| {
+                        CallError::invalid_call(format!(
+                            "tensor `top_k` (I64) holds {v} at index {i}: top_k values must fit in i32"
+                        ))
+                    })
+                }),
+        )?,
         other => {
             return Err(CallError::new(
                 "dtype_mismatch",
                 format!("tensor `top_k` is {other:?}: expected I32 or I64"),
-            ))
+            )
+            .into())
         }
     };
     let top_p = require("top_p")?;
     if top_p.shape().len() != 1 {
-        return Err(rank_error("top_p", top_p.shape(), "rank 1, [batch]"));
+        return Err(rank_error("top_p", top_p.shape(), "rank 1, [batch]").into());
     }
     // The operator takes `top_p` in the dtype of the logits or in f32.
     if top_p.dtype() != logits.dtype() && top_p.dtype() != Dtype::F32 {
@@ -582,29 +608,38 @@ fn tensors(file: &SafeTensors<'_>) -> Result<Tensors, CallError> {
         return Err(CallError::new(
             "dtype_mismatch",
             format!("tensor `top_p` is {:?}: expected {accepted}", top_p.dtype()),
-        ));
+        )
+        .into());
     }
     let top_p_values = read_floats("top_p", &top_p)?;
     let q = match get("q") {
         None => None,
         Some(q) => {
             if q.shape() != [batch, vocab] {
-                return Err(rank_error("q", q.shape(), &format!("[{batch}, {vocab}]")));
+                return Err(rank_error("q", q.shape(), &format!("[{batch}, {vocab}]")).into());
             }
             if q.dtype() != Dtype::F32 {
                 return Err(CallError::new(
                     "dtype_mismatch",
                     format!("tensor `q` is {:?}: expected F32", q.dtype()),
-                ));
+                )
+                .into());
             }
-            Some(words::<4>(q.data()).map(f32::from_le_bytes).collect())
+            Some(
+                copy_values(
+                    "q",
+                    q.data().len() / 4,
+                    words::<4>(q.data()).map(f32::from_le_bytes),
+                )
+                .map_err(TensorsError::Memory)?,
+            )
         }
     };
     let min_ps = match get("min_ps") {
         None => None,
         Some(m) => {
             if m.shape().len() != 1 {
-                return Err(rank_error("min_ps", m.shape(), "rank 1, [batch]"));
+                return Err(rank_error("min_ps", m.shape(), "rank 1, [batch]").into());
             }
             if m.dtype() != top_p.dtype() {
                 return Err(CallError::new(
@@ -614,7 +649,8 @@ fn tensors(file: &SafeTensors<'_>) -> Result<Tensors, CallError> {
                         m.dtype(),
                         top_p_values.dtype()
                     ),
-                ));
+                )
+                .into());
             }
             Some(read_floats("min_ps", &m)?)
         }
@@ -668,22 +704,25 @@ fn call_typed<T: LogitValue>(
 /// Answers the call held by a safetensors file's bytes.
 ///
 /// # Errors
-/// [`RunError::Input`] when the bytes are not a safetensors file; a call error (wrong, missing
-/// or unknown tensors, ranks, dtypes) is an answer.
+/// A message when the bytes are not a safetensors file or a tensor's copy cannot be held in
+/// memory; a call error (wrong, missing or unknown tensors, ranks, dtypes) is an answer.
 pub fn answer_safetensors(
     bytes: &[u8],
     attrs: &AttrsInput,
 ) -> Result<Result<Answer, CallError>, String> {
     let file = SafeTensors::deserialize(bytes).map_err(|e| crate::input::not_safetensors(&e))?;
     let (options, kind) = attrs.to_options();
-    Ok(tensors(&file).and_then(|t| {
-        let out = match &t.logits {
-            Floats::F32(d) => call_typed(d, &t, kind, &options),
-            Floats::F16(d) => call_typed(d, &t, kind, &options),
-            Floats::Bf16(d) => call_typed(d, &t, kind, &options),
-        }?;
-        Ok(Answer::new(out, t.vocab))
-    }))
+    let t = match tensors(&file) {
+        Ok(t) => t,
+        Err(TensorsError::Call(e)) => return Ok(Err(e)),
+        Err(TensorsError::Memory(m)) => return Err(m),
+    };
+    let out = match &t.logits {
+        Floats::F32(d) => call_typed(d, &t, kind, &options),
+        Floats::F16(d) => call_typed(d, &t, kind, &options),
+        Floats::Bf16(d) => call_typed(d, &t, kind, &options),
+    };
+    Ok(out.map(|out| Answer::new(out, t.vocab)))
 }
 
 /// `--tensors FILE [--attrs JSON]`: one call, one answer line. The file is read within

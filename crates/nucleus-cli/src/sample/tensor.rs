@@ -10,7 +10,7 @@ use serde::Deserialize;
 
 use super::input::{Object, ParamsInput};
 use super::{from_json, JsonError};
-use crate::input::shown;
+use crate::input::{copy_values, shown};
 
 /// The `logits` tensor, copied out of the file into a vector of its own element type (the
 /// file's bytes carry no alignment guarantee, so they are never reinterpreted in place).
@@ -44,7 +44,7 @@ const NAMES_SHOWN: usize = 16;
 /// # Errors
 /// A message (without the file name) when the bytes are not a safetensors file, have no
 /// tensor named `logits`, or that tensor is not of rank 2, has no columns, or is not f32, f16
-/// or bf16.
+/// or bf16, or when its copy cannot be held in memory.
 pub fn logits_from_bytes(bytes: &[u8]) -> Result<LogitsTensor, String> {
     let file = SafeTensors::deserialize(bytes).map_err(|e| crate::input::not_safetensors(&e))?;
     let tensor = file.tensor("logits").map_err(|_| {
@@ -92,14 +92,17 @@ pub fn logits_from_bytes(bytes: &[u8]) -> Result<LogitsTensor, String> {
         raw.chunks_exact(2)
             .map(|b| u16::from_le_bytes([b[0], b[1]]))
     };
+    // Reserved first: a copy the machine cannot hold is a message, not an abort.
+    let len = batch * vocab;
     let data = match tensor.dtype() {
-        Dtype::F32 => LogitsData::F32(
+        Dtype::F32 => LogitsData::F32(copy_values(
+            "logits",
+            len,
             raw.chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-        ),
-        Dtype::F16 => LogitsData::F16(halves().map(f16::from_bits).collect()),
-        _ => LogitsData::Bf16(halves().map(bf16::from_bits).collect()),
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        )?),
+        Dtype::F16 => LogitsData::F16(copy_values("logits", len, halves().map(f16::from_bits))?),
+        _ => LogitsData::Bf16(copy_values("logits", len, halves().map(bf16::from_bits))?),
     };
     Ok(LogitsTensor { batch, vocab, data })
 }
