@@ -26,12 +26,10 @@ pub(crate) fn product(factors: &[usize]) -> Option<usize> {
     factors.iter().try_fold(1usize, |p, &f| p.checked_mul(f))
 }
 
-/// Checks that `bytes` of buffers (`None`: more than `usize` can count) can be had: no more
-/// than the machine's memory and swap (Linux: `MemTotal + SwapTotal` of `/proc/meminfo`, so the
-/// answer does not depend on the overcommit setting), and reserved in one allocation that is
-/// freed again (nothing is touched, so this costs no time; an address-space limit, `ulimit -v`,
-/// refuses it). A benchmark that cannot fit is refused before it starts rather than killed
-/// midway.
+/// Checks that `bytes` of buffers (`None`: more than `usize` can count) can be had
+/// ([`crate::memory::can_allocate`]: no more than the machine's memory and swap, and reserved
+/// in one allocation that is freed again). A benchmark that cannot fit is refused before it
+/// starts rather than killed midway.
 ///
 /// # Errors
 /// Either check fails: a message naming `what` and the bytes.
@@ -39,36 +37,13 @@ pub fn reserve(bytes: Option<usize>, what: &str) -> Result<()> {
     let Some(bytes) = bytes else {
         bail!("{what} need more bytes than this machine can address");
     };
-    let too_large = || {
-        anyhow::anyhow!(
-            "{what} need {bytes} bytes ({:.1} GiB) of buffers, which cannot be allocated here",
-            bytes as f64 / f64::from(1u32 << 30)
-        )
-    };
-    if memory_and_swap().is_some_and(|m| bytes as u64 > m) {
-        return Err(too_large());
-    }
-    let mut probe: Vec<u8> = Vec::new();
-    if probe.try_reserve_exact(bytes).is_err() {
-        return Err(too_large());
+    if !crate::memory::can_allocate(bytes) {
+        bail!(
+            "{what} need {bytes} bytes ({}) of buffers, which cannot be allocated here",
+            crate::memory::gib(bytes)
+        );
     }
     Ok(())
-}
-
-/// The machine's memory and swap in bytes (`MemTotal + SwapTotal` of `/proc/meminfo`); `None`
-/// where that file is not there or not understood.
-fn memory_and_swap() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kb = |key: &str| -> Option<u64> {
-        let line = info.lines().find(|l| l.starts_with(key))?;
-        line[key.len()..]
-            .trim()
-            .strip_suffix("kB")?
-            .trim()
-            .parse()
-            .ok()
-    };
-    Some(kb("MemTotal:")?.checked_add(kb("SwapTotal:").unwrap_or(0))? * 1024)
 }
 
 /// A vector of `len` elements from `values`, its memory reserved first.

@@ -20,6 +20,8 @@
 //!   (exit status 2).
 //! - [`report`](mod@report): `error:` and `warning:` lines on stderr, escaped and bounded and
 //!   never a crash when stderr cannot be written; stdout's write errors named.
+//! - [`memory`](mod@memory): whether a number of bytes can be had, checked before the work
+//!   that needs them (the benchmarks' buffers, `generate`'s KV cache, an operator's outputs).
 //! - [`moe_init_routing`](mod@moe_init_routing): `nucleus moe-init-routing`, nucleus-moe's
 //!   MoE token routing (`npu_moe_init_routing_v2`) on calls given as JSON lines or a
 //!   safetensors file, one JSON answer per call.
@@ -30,6 +32,7 @@ pub mod calls;
 pub mod fuzz;
 pub mod grammar;
 pub mod input;
+pub mod memory;
 pub mod moe_init_routing;
 pub mod npu_sample;
 pub mod report;

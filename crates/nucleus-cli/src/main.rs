@@ -263,11 +263,13 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
     for warning in &loaded.warnings {
         report::warning(&warning.to_string());
     }
+    let config = loaded.model.config().clone();
     let mut engine = Engine::new(loaded.model, loaded.tokenizer, EngineConfig::default());
 
     let streaming = args.prompt.len() == 1 && args.n == 1;
     let mut ids = Vec::new();
     let mut seeds = Vec::new();
+    let mut prompt_lens = Vec::new();
     for (index, prompt) in args.prompt.iter().enumerate() {
         // Named as the rest of the output names requests: by index, from 0.
         let info = engine
@@ -287,7 +289,11 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
             })?;
         ids.push(info.request_id);
         seeds.push(info.seed);
+        prompt_lens.push(info.prompt_ids.len());
     }
+    // Before the first step: a run whose KV caches the machine cannot hold is refused here,
+    // not aborted midway.
+    check_kv_cache(&config, &prompt_lens, args.n, args.max_tokens)?;
 
     let stdout = std::io::stdout();
     let mut out = Output(stdout.lock());
@@ -396,6 +402,82 @@ fn bench_sampling(args: BenchSamplingArgs) -> Result<ExitCode> {
     };
     nucleus_cli::bench::sampling::run(&config, &mut Output(std::io::stdout()))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The positions a sequence's KV cache has room for at its largest, when it starts with
+/// `prompt` tokens and grows to `final_len`: nucleus-engine's `KvCache` allocates the prompt's
+/// length (at least 16) at prefill, then doubles (at least to the needed length, at most the
+/// context length).
+fn kv_capacity(prompt: usize, final_len: usize, context: usize) -> usize {
+    let mut capacity = prompt.max(16).min(context);
+    while capacity < final_len {
+        capacity = capacity.saturating_mul(2).min(context);
+    }
+    capacity
+}
+
+/// Refuses a run whose memory the machine cannot hold, before any step: the KV caches of
+/// every sequence (prompts x `--n`) at their largest, each `positions x n_layer x 2 (K and V)
+/// x n_kv_head x head_dim` f32 values (nucleus-engine's `KvCache` layout; positions: the
+/// capacity that holds `min(prompt tokens + --max-tokens, context length)`), one sequence's
+/// cache once more (the old storage while it is reallocated), and each sequence's logits row
+/// and attention scores, with a margin; checked by reserving that many bytes at once
+/// ([`nucleus_cli::memory::can_allocate`], the benchmarks' check).
+///
+/// # Errors
+/// One message with the numbers, when the bytes cannot be had.
+fn check_kv_cache(
+    config: &nucleus_engine::LlamaConfig,
+    prompt_lens: &[usize],
+    n: usize,
+    max_tokens: usize,
+) -> Result<()> {
+    use nucleus_cli::memory::{can_allocate_checked, gib, with_margin};
+    let context = config.context_length;
+    let per_position = [config.n_layer, 2, config.n_kv_head, config.head_dim, 4]
+        .iter()
+        .try_fold(1usize, |p, &f| p.checked_mul(f));
+    let capacities: Vec<usize> = prompt_lens
+        .iter()
+        .map(|&p| kv_capacity(p, p.saturating_add(max_tokens).min(context), context))
+        .collect();
+    let positions = capacities
+        .iter()
+        .try_fold(0usize, |sum, &c| sum.checked_add(c.checked_mul(n)?));
+    let sequences = prompt_lens.len().saturating_mul(n);
+    let largest = capacities.iter().copied().max().unwrap_or(0);
+    let cache = positions
+        .and_then(|p| p.checked_add(largest))
+        .zip(per_position)
+        .and_then(|(p, b)| p.checked_mul(b));
+    let per_sequence = [config.vocab_size, config.n_head.saturating_mul(context)]
+        .iter()
+        .try_fold(0usize, |sum, &v| sum.checked_add(v.checked_mul(4)?));
+    let bytes = cache
+        .zip(per_sequence.and_then(|b| b.checked_mul(sequences)))
+        .and_then(|(c, s)| c.checked_add(s))
+        .map(with_margin);
+    if can_allocate_checked(bytes) {
+        return Ok(());
+    }
+    let shown = |b: Option<usize>| match b {
+        Some(b) => format!("{b} bytes ({})", gib(b)),
+        None => "more bytes than this machine can address".to_string(),
+    };
+    anyhow::bail!(
+        "the KV cache of this run needs {}, which cannot be allocated here: {sequences} \
+         sequences ({} prompt(s) x --n {n}), each of up to {largest} positions (its prompt \
+         tokens + --max-tokens {max_tokens}, within the model's context of {context}) of {} \
+         bytes ({} layers x 2 (K and V) x {} KV heads x {} values x 4 bytes); {} with the \
+         logits and a margin. Lower --n, --max-tokens or the number of prompts",
+        shown(cache),
+        prompt_lens.len(),
+        per_position.unwrap_or(usize::MAX),
+        config.n_layer,
+        config.n_kv_head,
+        config.head_dim,
+        shown(bytes),
+    )
 }
 
 fn candle_device() -> nucleus_engine::Device {

@@ -55,10 +55,12 @@
 //! # Exit status
 //!
 //! 0 when every call got an answer (an error answer included, `input_too_large` for a line
-//! longer than `--max-input-bytes` too); 1 for an unreadable input file, one larger than
-//! `--max-input-bytes`, a file that is not safetensors or a bad `--attrs` file, and when
-//! writing fails; 2 for bad flags, an inline `--attrs` that is not a valid object included
-//! ([`crate::usage`]).
+//! longer than `--max-input-bytes` too, `allocation` for a call whose outputs and working
+//! memory cannot be had, checked before the operator runs, and an error answer for inline
+//! `--attrs` values outside the operator's range); 1 for an unreadable input file, one larger
+//! than `--max-input-bytes`, a file that is not safetensors, a tensor whose copy out of it
+//! cannot be held in memory, or a bad `--attrs` file, and when writing fails; 2 for bad flags,
+//! an inline `--attrs` that is not a valid object included ([`crate::usage`]).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -734,6 +736,7 @@ impl Tensors {
                 scale: t.scale.as_deref(),
                 offset: t.offset.as_deref(),
             };
+            check_room::<T>(t, attrs)?;
             let out = moe_init_routing(&input, attrs)?;
             Ok(Answer::new(
                 out,
@@ -747,6 +750,62 @@ impl Tensors {
             XData::I8(x) => typed(self, x, attrs),
         }
     }
+}
+
+/// Checks, before the operator runs, that its `expanded_x` and what it allocates besides
+/// ([`crate::memory::moe_scratch_bytes`]: the routes' sort, the row indices and scales, an
+/// int8 copy of `x`), with a margin, can be had together: the operator reserves `expanded_x`
+/// fallibly, but aborts on a failure after it. When `expanded_x` alone cannot be had (or the
+/// attributes do not give its size), the operator's own error answers the call.
+///
+/// # Errors
+/// `allocation`, with the bytes.
+fn check_room<T: Element>(t: &Tensors, attrs: &MoeInitRoutingAttrs) -> Result<(), CallError> {
+    let Some(routes) = t.num_rows.checked_mul(t.k) else {
+        return Ok(());
+    };
+    let (rows, shape) = match attrs.drop_pad_mode {
+        DropPadMode::DropPad => {
+            let (e, c) = (attrs.expert_num, attrs.expert_capacity);
+            if !(1..=10240).contains(&e) || c < 1 || c > t.num_rows as i64 {
+                return Ok(());
+            }
+            let (e, c) = (e as usize, c as usize);
+            (e * c, format!("[{e}, {c}, {}]", t.hidden_size))
+        }
+        DropPadMode::Dropless => {
+            let rows = match usize::try_from(attrs.active_num) {
+                Ok(a) if a > 0 => a.min(routes),
+                _ => routes,
+            };
+            (rows, format!("[{rows}, {}]", t.hidden_size))
+        }
+    };
+    let elem = match attrs.quant_mode {
+        QuantMode::None => std::mem::size_of::<T>(),
+        _ => 1,
+    };
+    let Some(expanded) = rows
+        .checked_mul(t.hidden_size)
+        .and_then(|n| n.checked_mul(elem))
+    else {
+        return Ok(());
+    };
+    let bytes = crate::memory::moe_scratch_bytes(t.num_rows, t.hidden_size, t.k, rows)
+        .and_then(|s| s.checked_add(expanded))
+        .map(crate::memory::with_margin);
+    if crate::memory::can_allocate_checked(bytes) || !crate::memory::can_allocate(expanded) {
+        return Ok(());
+    }
+    Err(CallError::new(
+        "allocation",
+        crate::memory::refusal(
+            &format!(
+                "the call (expanded_x {shape}, {expanded} bytes, and the operator's working memory)"
+            ),
+            bytes,
+        ),
+    ))
 }
 
 /// Answers one parsed call.

@@ -44,10 +44,12 @@
 //! # Exit status
 //!
 //! 0 when every call got an answer (an error answer included, `input_too_large` for a line
-//! longer than `--max-input-bytes` too); 1 for an unreadable input file, one larger than
-//! `--max-input-bytes`, a file that is not safetensors or a bad `--attrs` file, and when
-//! writing fails; 2 for bad flags, an inline `--attrs` that is not a valid object included
-//! ([`crate::usage`]).
+//! longer than `--max-input-bytes` too, `allocation` for a call whose outputs and working
+//! memory cannot be had, checked before the operator runs, and an error answer for inline
+//! `--attrs` values outside the operator's range); 1 for an unreadable input file, one larger
+//! than `--max-input-bytes`, a file that is not safetensors, a tensor whose copy out of it
+//! cannot be held in memory, or a bad `--attrs` file, and when writing fails; 2 for bad flags,
+//! an inline `--attrs` that is not a valid object included ([`crate::usage`]).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -361,6 +363,43 @@ fn floats(field: &str, list: &[Lenient]) -> Result<Vec<f32>, CallError> {
         .collect()
 }
 
+/// Checks that what the operator allocates inside for a `[batch, vocab]` call (its
+/// `logits_top_kp_select` and working memory: [`crate::memory::npu_call_bytes`], with a
+/// margin) can be had, before it runs: it would abort on a failed allocation.
+///
+/// # Errors
+/// `allocation`, with the bytes.
+fn check_room(
+    (batch, vocab): (usize, usize),
+    mut rows: impl Iterator<Item = (i32, f32, Option<f32>)>,
+    options: &TopKTopPSampleOptions,
+    widened: bool,
+) -> Result<(), CallError> {
+    let row_scratch = rows.try_fold(0usize, |most, (k, p, min_p)| {
+        crate::memory::npu_row_bytes(vocab, k, p, min_p, options.ks_max).map(|b| b.max(most))
+    });
+    let bytes = row_scratch
+        .and_then(|r| {
+            crate::memory::npu_call_bytes(batch, vocab, options.is_need_logits, widened, r)
+        })
+        .map(crate::memory::with_margin);
+    if crate::memory::can_allocate_checked(bytes) {
+        return Ok(());
+    }
+    let what = format!(
+        "the call on [{batch}, {vocab}] ({}the operator's working memory)",
+        if options.is_need_logits {
+            "logits_top_kp_select and "
+        } else {
+            ""
+        }
+    );
+    Err(CallError::new(
+        "allocation",
+        crate::memory::refusal(&what, bytes),
+    ))
+}
+
 /// Answers one parsed call.
 ///
 /// # Errors
@@ -403,6 +442,14 @@ pub fn answer_call(call: CallInput) -> Result<Answer, CallError> {
     let view = LogitsView::dense(&data, batch, vocab)
         .map_err(|e| CallError::new("shape_mismatch", e.to_string()))?
         .with_kind(kind);
+    let rows = (0..batch).map(|b| {
+        (
+            call.top_k.0.get(b).copied().unwrap_or(0),
+            top_p.get(b).copied().unwrap_or(1.0),
+            min_ps.as_ref().and_then(|m| m.get(b).copied()),
+        )
+    });
+    check_room((batch, vocab), rows, &options, false)?;
     let out = top_k_top_p_sample(
         &view,
         &call.top_k.0,
@@ -463,6 +510,15 @@ enum Floats {
 }
 
 impl Floats {
+    /// Value `i` as f32 (`None` past the end).
+    fn get_f32(&self, i: usize) -> Option<f32> {
+        match self {
+            Floats::F32(v) => v.get(i).copied(),
+            Floats::F16(v) => v.get(i).map(|x| x.to_f32()),
+            Floats::Bf16(v) => v.get(i).map(|x| x.to_f32()),
+        }
+    }
+
     fn dtype(&self) -> &'static str {
         match self {
             Floats::F32(_) => "F32",
@@ -676,6 +732,19 @@ fn call_typed<T: LogitValue>(
     let view = LogitsView::dense(data, t.batch, t.vocab)
         .map_err(|e| CallError::new("shape_mismatch", e.to_string()))?
         .with_kind(kind);
+    let rows = (0..t.batch).map(|b| {
+        (
+            t.top_k.get(b).copied().unwrap_or(0),
+            t.top_p.get_f32(b).unwrap_or(1.0),
+            t.min_ps.as_ref().and_then(|m| m.get_f32(b)),
+        )
+    });
+    check_room(
+        (t.batch, t.vocab),
+        rows,
+        options,
+        T::as_f32(&data[..0]).is_none(),
+    )?;
     let q = t.q.as_deref();
     let out = match (&t.top_p, &t.min_ps) {
         (Floats::F32(p), None) => top_k_top_p_sample(&view, &t.top_k, p, q, None, options),

@@ -71,6 +71,14 @@
 //! `input_too_large` without being held ([`crate::input::LineReader`]). An answer larger than
 //! [`crate::answer::IN_MEMORY_MAX`] (a `dist` over a large vocabulary) is serialised straight
 //! into the output from the distribution's vector, never as a second copy in memory.
+//!
+//! The sampler allocates inside (its per-thread working memory, the distribution), and a
+//! failed allocation there aborts: what a row needs ([`crate::memory::sampler_row_bytes`],
+//! [`crate::memory::chain_row_bytes`], 8 bytes per entry for `--dist`) is checked with
+//! [`crate::memory::can_allocate`] before it runs, and a row that does not fit is answered
+//! with kind `allocation` (the next rows are answered as usual); with `--logits`, the batch's
+//! working memory and outputs, and each group's distributions, likewise. A tensor whose copy
+//! out of the file cannot be held is a [`RunError::Input`] (exit status 1).
 
 pub mod input;
 pub mod output;
@@ -273,8 +281,13 @@ pub fn answer_row(row: RowInput, options: &Options) -> Result<Answer, RowError> 
                     "a `chain` row takes `logits`, not `probs` (processors act on logits)",
                 ));
             }
+            let need = crate::memory::chain_row_bytes(vocab_size, &chain);
             let mut chain = SamplerChain::from_config(&chain).map_err(chain_error)?;
             check_context_ids(context_ids, vocab_size)?;
+            check_room(
+                need.zip(dist_bytes(options, vocab_size, values.len()))
+                    .and_then(|(a, b)| a.checked_add(b)),
+            )?;
             // The penalties learn the sequence from reset and accept, not from the context.
             chain.reset(&prompt_ids);
             for &token in &output_ids {
@@ -296,6 +309,11 @@ pub fn answer_row(row: RowInput, options: &Options) -> Result<Answer, RowError> 
     // The sampler checks the parameters before the ids; so does this path.
     params.validate().map_err(SampleError::InvalidParams)?;
     check_context_ids(context_ids, vocab_size)?;
+    check_room(
+        crate::memory::sampler_row_bytes(vocab_size, &params, false)
+            .zip(dist_bytes(options, vocab_size, values.len()))
+            .and_then(|(a, b)| a.checked_add(b)),
+    )?;
     let request = SampleRequest::new(&params, &prompt_ids, &output_ids, position)
         .with_stop_token_ids(&stop_ids);
     let (sampled, dist) = if probs {
@@ -331,10 +349,42 @@ fn chain_error(e: ChainError) -> RowError {
     }
 }
 
-/// A distribution over the candidate ids, extended with zeros to the whole row.
+/// A distribution over the candidate ids, extended with zeros to the whole row (its room
+/// reserved exactly: [`dist_bytes`] counts it; `resize` alone may double the vector).
 fn pad(mut dist: Vec<f64>, row_len: usize) -> Vec<f64> {
+    dist.reserve_exact(row_len.saturating_sub(dist.len()));
     dist.resize(row_len, 0.0);
     dist
+}
+
+/// The bytes of a row's `--dist` (none without it): 8 per candidate, and while it is padded
+/// to the row length ([`pad`]) the padded copy too.
+fn dist_bytes(options: &Options, vocab_size: usize, row_len: usize) -> Option<usize> {
+    if !options.dist {
+        return Some(0);
+    }
+    let padded = if vocab_size < row_len { row_len } else { 0 };
+    vocab_size.checked_add(padded)?.checked_mul(8)
+}
+
+/// Checks that the working memory and outputs of a row's sampling, `bytes` (before the
+/// margin), can be had ([`crate::memory::can_allocate`]) before the sampler, which allocates
+/// inside and would abort, runs.
+///
+/// # Errors
+/// `allocation`, with the bytes.
+fn check_room(bytes: Option<usize>) -> Result<(), RowError> {
+    let bytes = bytes.map(crate::memory::with_margin);
+    if crate::memory::can_allocate_checked(bytes) {
+        return Ok(());
+    }
+    Err(RowError {
+        kind: "allocation",
+        message: crate::memory::refusal(
+            "sampling the row (the sampler's working memory and the answer's values)",
+            bytes,
+        ),
+    })
 }
 
 /// One input line answered: the row's answer, or its error.
@@ -678,22 +728,17 @@ fn answer_tensor(
     let params = row_params(params, tensor.batch).map_err(RunError::Input)?;
     let (batch, vocab) = (tensor.batch, tensor.vocab);
     let row = |i: usize| i * vocab..(i + 1) * vocab;
+    let shape = (batch, vocab);
     match &tensor.data {
-        LogitsData::F32(data) => {
-            write_tensor_answers(data, batch, vocab, &params, options, out, |i| {
-                Cow::Borrowed(&data[row(i)])
-            })
-        }
-        LogitsData::F16(data) => {
-            write_tensor_answers(data, batch, vocab, &params, options, out, |i| {
-                Cow::Owned(data[row(i)].iter().map(|v| v.to_f32()).collect())
-            })
-        }
-        LogitsData::Bf16(data) => {
-            write_tensor_answers(data, batch, vocab, &params, options, out, |i| {
-                Cow::Owned(data[row(i)].iter().map(|v| v.to_f32()).collect())
-            })
-        }
+        LogitsData::F32(data) => write_tensor_answers(data, shape, &params, options, out, |i| {
+            Cow::Borrowed(&data[row(i)])
+        }),
+        LogitsData::F16(data) => write_tensor_answers(data, shape, &params, options, out, |i| {
+            Cow::Owned(data[row(i)].iter().map(|v| v.to_f32()).collect())
+        }),
+        LogitsData::Bf16(data) => write_tensor_answers(data, shape, &params, options, out, |i| {
+            Cow::Owned(data[row(i)].iter().map(|v| v.to_f32()).collect())
+        }),
     }
 }
 
@@ -701,12 +746,32 @@ fn answer_tensor(
 /// (at least one row), so that a large batch never holds every row's distribution at once.
 const DIST_GROUP_BYTES: usize = 64 << 20;
 
+/// The bytes [`sample_batch`] may allocate for `params` (one per row) on rows of `vocab`
+/// values: each working thread's scratch, at the largest any row needs
+/// ([`crate::memory::sampler_row_bytes`]), and every row's output (its samples and top
+/// logprobs); without margin.
+fn batch_bytes(params: &[SamplingParams], vocab: usize, widened: bool) -> Option<usize> {
+    let threads = rayon::current_num_threads().min(params.len()).max(1);
+    let mut scratch = 0usize;
+    let mut outputs = 0usize;
+    for p in params {
+        scratch = scratch.max(crate::memory::sampler_row_bytes(vocab, p, widened)?);
+        let top = p.logprobs.map_or(0, |t| t.min(vocab));
+        let row = top.checked_mul(24)?.checked_add(p.n.checked_mul(16)?)?;
+        outputs = outputs.checked_add(row.checked_add(128)?)?;
+    }
+    scratch.checked_mul(threads)?.checked_add(outputs)
+}
+
 /// Samples a dense `[batch, vocab]` matrix with one [`sample_batch`] call and writes one answer
 /// per row (with `--dist`, distributions computed a group of rows at a time, in parallel).
+///
+/// The sampler allocates inside: its working memory and outputs ([`batch_bytes`]), and each
+/// group's distributions, are checked first ([`crate::memory::can_allocate`]); rows whose
+/// memory cannot be had are answered with kind `allocation`.
 fn write_tensor_answers<'a, T: LogitValue>(
     data: &'a [T],
-    batch: usize,
-    vocab: usize,
+    (batch, vocab): (usize, usize),
     params: &[SamplingParams],
     options: &Options,
     out: &mut dyn Write,
@@ -714,6 +779,29 @@ fn write_tensor_answers<'a, T: LogitValue>(
 ) -> Result<(), RunError> {
     let shape_error = |e: nucleus_sampling::ShapeError| RunError::Input(e.to_string());
     let view = LogitsView::dense(data, batch, vocab).map_err(shape_error)?;
+    let widened = T::as_f32(&data[..0]).is_none();
+    let room = |bytes: Option<usize>, what: &str| {
+        let bytes = bytes.map(crate::memory::with_margin);
+        match crate::memory::can_allocate_checked(bytes) {
+            true => Ok(()),
+            false => Err(RowError {
+                kind: "allocation",
+                message: crate::memory::refusal(what, bytes),
+            }),
+        }
+    };
+    if let Err(e) = room(
+        batch_bytes(params, vocab, widened),
+        &format!(
+            "sampling the [{batch}, {vocab}] tensor (the sampler's working memory and outputs)"
+        ),
+    ) {
+        for _ in 0..batch {
+            Prepared::new(Reply::<Answer, _>(Err(&e))).write(out)?;
+        }
+        out.flush()?;
+        return Ok(());
+    }
     let requests: Vec<SampleRequest<'_>> = params
         .iter()
         .map(|p| SampleRequest::new(p, &[], &[], 0))
@@ -723,15 +811,29 @@ fn write_tensor_answers<'a, T: LogitValue>(
         true => (DIST_GROUP_BYTES / vocab.saturating_mul(8).max(1)).max(1),
         false => BLOCK,
     };
+    // A group's distributions (8 bytes per entry) and a 16-bit row's f32 copy (4).
+    let per_dist = if widened { 12 } else { 8 };
     let mut results = results.into_iter().enumerate();
     loop {
         let rows: Vec<_> = results.by_ref().take(group).collect();
         if rows.is_empty() {
             break;
         }
+        let dists = match options.dist {
+            true => room(
+                rows.len()
+                    .checked_mul(vocab)
+                    .and_then(|n| n.checked_mul(per_dist)),
+                &format!("the --dist of {} row(s) of {vocab}", rows.len()),
+            ),
+            false => Ok(()),
+        };
         let answers: Vec<Prepared<Reply<Answer, RowError>>> = rows
             .into_par_iter()
             .map(|(i, result)| {
+                if let Err(e) = &dists {
+                    return Prepared::new(Reply(Err(e.clone())));
+                }
                 Prepared::new(Reply(result.map_err(RowError::from).and_then(|sampled| {
                     output::check_top_logprobs(&sampled)?;
                     let dist = match options.dist {

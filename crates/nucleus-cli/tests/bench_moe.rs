@@ -128,7 +128,7 @@ fn bench_moe_checks_every_shape_before_the_table() {
         (
             &["--rows", "1", "1000000", "--hidden", "100000"],
             1,
-            "error: the largest shape, N 1000000 x H 100000 x K 8, and its outputs need 7300256000000 bytes (6798.9 GiB) of buffers, which cannot be allocated here\n",
+            "error: the largest shape, N 1000000 x H 100000 x K 8, and its outputs need 7400512016384 bytes (6892.3 GiB) of buffers, which cannot be allocated here\n",
         ),
     ] {
         let out = bench_moe(args);

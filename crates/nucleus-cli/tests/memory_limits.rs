@@ -11,7 +11,7 @@ use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
 use std::process::Output;
 
-use common::{run_under_ulimit, temp_dir, text};
+use common::{run_under_ulimit, shared, temp_dir, text};
 use serde_json::Value;
 
 /// Writes a safetensors file of `tensors` (name, dtype, shape), each filled with zeros
@@ -48,6 +48,27 @@ fn assert_one_error_line(out: &Output, needle: &str) {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains(needle), "{needle:?} not in {err}");
     assert!(out.stdout.is_empty(), "{}", text(&out.stdout));
+}
+
+/// The answers of a run that succeeded.
+fn answers(out: &Output) -> Vec<Value> {
+    assert!(
+        out.status.success(),
+        "{:?}: {}",
+        out.status,
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:.200}")))
+        .collect()
+}
+
+/// Asserts an `allocation` error answer whose message holds `needle`.
+fn assert_allocation(answer: &Value, needle: &str) {
+    assert_eq!(answer["error"]["kind"], "allocation", "{answer:.300}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(message.contains(needle), "{needle:?} not in {message}");
 }
 
 /// 200 MB of f32 in a file within the default 1 GiB limit, under a 350 MB address space:
@@ -96,4 +117,163 @@ fn a_tensor_copy_the_machine_cannot_hold_is_one_error_line() {
             &format!("cannot hold {tensor} in memory: {v} values of 4 bytes (200000000 bytes)"),
         );
     }
+}
+
+/// A JSON line of 10 million logits (20 MB) whose sampling the machine cannot hold under a
+/// 300 MB address space is answered with kind `allocation`, and the next line still is:
+/// `--dist`'s f64 per entry, and the fused operator's `[B, V]` output and candidate list
+/// (top-p over equal logits keeps them all). Before, both aborted ("memory allocation of
+/// 80000008 bytes failed" in `distribution_kind`; 100663296 bytes growing the candidates).
+#[test]
+fn a_line_whose_outputs_the_machine_cannot_hold_is_an_allocation_answer() {
+    let dir = temp_dir("outputs");
+    let ones = {
+        let mut s = String::with_capacity(20_000_000);
+        s.push('1');
+        for _ in 1..10_000_000 {
+            s.push_str(",1");
+        }
+        s
+    };
+    let sample = dir.join("sample.jsonl");
+    std::fs::write(
+        &sample,
+        format!("{{\"logits\": [{ones}]}}\n{{\"logits\": [1, 3, 2], \"params\": {{\"temperature\": 0}}}}\n"),
+    )
+    .unwrap();
+    let npu = dir.join("npu.jsonl");
+    std::fs::write(
+        &npu,
+        format!(
+            "{{\"logits\": [[{ones}]], \"top_k\": [0], \"top_p\": [0.5], \"is_need_logits\": true}}\n{{\"logits\": [[1, 3]], \"top_k\": [1], \"top_p\": [1]}}\n"
+        ),
+    )
+    .unwrap();
+    drop(ones);
+    let got = answers(&run_under_ulimit(
+        300_000,
+        &["sample", "--dist"],
+        Some(&sample),
+    ));
+    assert_eq!(got.len(), 2);
+    assert_allocation(&got[0], "sampling the row");
+    assert_eq!(got[1]["tokens"], serde_json::json!([1]));
+    let got = answers(&run_under_ulimit(
+        300_000,
+        &["top-k-top-p-sample"],
+        Some(&npu),
+    ));
+    assert_eq!(got.len(), 2);
+    assert_allocation(&got[0], "the call on [1, 10000000]");
+    assert_eq!(got[1]["logits_select_idx"], serde_json::json!([1]));
+}
+
+/// The same checks on the safetensors paths: a `[1, 10,000,000]` tensor (40 MB) under a
+/// 200 MB address space. Before: "memory allocation of 80000000 bytes failed" (the dist) and
+/// "... 25165824 bytes failed" (the candidates).
+#[test]
+fn a_tensor_whose_outputs_the_machine_cannot_hold_is_an_allocation_answer() {
+    let dir = temp_dir("tensor-outputs");
+    let v = 10_000_000;
+    let sample = dir.join("sample.safetensors");
+    sparse_tensors(&sample, &[("logits", "F32", &[1, v], 4)], &[]);
+    let npu = dir.join("npu.safetensors");
+    // top_k 0 (off) and top_p 0.5 at the end of the file; the logits are zeros.
+    let mut tail = 0i32.to_le_bytes().to_vec();
+    tail.extend_from_slice(&0.5f32.to_le_bytes());
+    sparse_tensors(
+        &npu,
+        &[
+            ("logits", "F32", &[1, v], 4),
+            ("top_k", "I32", &[1], 4),
+            ("top_p", "F32", &[1], 4),
+        ],
+        &tail,
+    );
+    let got = answers(&run_under_ulimit(
+        200_000,
+        &["sample", "--dist", "--logits", sample.to_str().unwrap()],
+        None,
+    ));
+    assert_eq!(got.len(), 1);
+    assert_allocation(&got[0], "the --dist of 1 row(s) of 10000000");
+    let got = answers(&run_under_ulimit(
+        200_000,
+        &[
+            "top-k-top-p-sample",
+            "--tensors",
+            npu.to_str().unwrap(),
+            "--attrs",
+            r#"{"is_need_logits": true}"#,
+        ],
+        None,
+    ));
+    assert_eq!(got.len(), 1);
+    assert_allocation(&got[0], "the call on [1, 10000000]");
+}
+
+/// Eight prompts x `--n 1024` x 2,000 tokens need a 20 GiB KV cache with stories260K: refused
+/// at once with the numbers, where the run went on for 38 s under a 600 MB address space
+/// before aborting ("memory allocation of 4096 bytes failed"). A run that fits still runs.
+#[test]
+fn generate_refuses_a_kv_cache_the_machine_cannot_hold_before_any_work() {
+    let model = shared("models/stories260K.gguf");
+    let mut args = vec!["generate", "--model", &model];
+    for prompt in ["x1", "x2", "x3", "x4", "x5", "x6", "x7", "x8"] {
+        args.extend_from_slice(&["--prompt", prompt]);
+    }
+    args.extend_from_slice(&["--n", "1024", "--max-tokens", "2000", "--seed", "1"]);
+    let started = std::time::Instant::now();
+    let out = run_under_ulimit(600_000, &args, None);
+    assert_one_error_line(
+        &out,
+        "the KV cache of this run needs 21477457920 bytes (20.0 GiB), which cannot be allocated here: 8192 sequences (8 prompt(s) x --n 1024), each of up to 2048 positions",
+    );
+    assert!(started.elapsed().as_secs() < 10, "{:?}", started.elapsed());
+    let out = run_under_ulimit(
+        600_000,
+        &[
+            "generate",
+            "--model",
+            &model,
+            "--prompt",
+            "x",
+            "--n",
+            "4",
+            "--max-tokens",
+            "8",
+            "--seed",
+            "1",
+        ],
+        None,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+/// `bench moe` checks every buffer of its largest shape before the table's first line, on
+/// the pool's thread (whose malloc arena counts too): under a limit it either refuses at once
+/// (no table) or completes. Before, N 2,048 x H 1,024 under 200 MB passed the check, printed
+/// the header and failed with `error: N 2048, H 1024: N 2048, H 1024, K 8 need ...` (the
+/// shape twice); the reference's `expanded_x` also grew past its length (606 MB took 1 GB).
+#[test]
+fn bench_moe_refuses_before_the_table_or_completes() {
+    let args = [
+        "bench", "moe", "--rows", "2048", "--hidden", "1024", "--iters", "1",
+    ];
+    let out = run_under_ulimit(200_000, &args, None);
+    assert_one_error_line(
+        &out,
+        "the largest shape, N 2048 x H 1024 x K 8, and its outputs need",
+    );
+    let out = run_under_ulimit(300_000, &args, None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    assert_eq!(
+        table
+            .lines()
+            .filter(|l| l.starts_with("| 2048 | 1024 |"))
+            .count(),
+        4,
+        "{table}"
+    );
 }

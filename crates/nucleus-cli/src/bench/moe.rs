@@ -325,10 +325,8 @@ impl<T: BenchElement> MoeBench<T> {
         check_shape(shape)?;
         let Shape { n, h, k, e } = shape;
         let nk = n * k;
-        reserve(
-            shape.buffer_bytes(std::mem::size_of::<T>()),
-            &format!("N {n}, H {h}, K {k}"),
-        )?;
+        // The caller names the shape (`N 4096, H 7168, K 8: its buffers need ...`).
+        reserve(shape.buffer_bytes(std::mem::size_of::<T>()), "its buffers")?;
 
         let mut rng = SplitMix64::new(seed);
         let x: Vec<T> = try_collect(
@@ -402,12 +400,15 @@ impl<T: BenchElement> MoeBench<T> {
                 && nucleus_int8.expanded_row_idx == reference_int8.expanded_row_idx,
             "dynamic int8: nucleus and the reference disagree"
         );
-        let x_i8: Vec<i8> = (0..n)
-            .flat_map(|i| {
+        // Reserved at once (collected from `flat_map`, the vector doubled past its length).
+        let x_i8: Vec<i8> = try_collect(
+            n * h,
+            (0..n).flat_map(|i| {
                 let r = nucleus_int8.expanded_row_idx[i * k] as usize;
                 q[r * h..(r + 1) * h].iter().copied()
-            })
-            .collect();
+            }),
+            "the int8 x",
+        )?;
         drop(q);
         let dst_i8 = std::mem::take(&mut reference_int8.expanded_x);
 
@@ -600,20 +601,27 @@ pub fn check_shape(shape: Shape) -> Result<()> {
 }
 
 impl Shape {
-    /// The bytes a shape's measurement holds at its peak for elements of `elem` bytes: `x` and
-    /// its int8 copy; `expert_out`, the shared destination and an allocating call's output
-    /// (`[N*K, H]` each) and their int8 versions; the unpermute outputs (`[N, H]`); the
-    /// routes' ids, weights, indices and scales. `None` when they overflow `usize`.
+    /// The bytes a shape's measurement holds at its peak for elements of `elem` bytes, a
+    /// bound on every phase of [`MoeBench::new`] and of the timed jobs: `x` and its int8 copy
+    /// (nucleus-moe's dynamic int8 makes one more while it runs); `expert_out`, the shared
+    /// destination and an allocating call's output (`[N*K, H]` each) and two int8 ones (the
+    /// shared destination, and nucleus's output while it is checked); the unpermute outputs
+    /// and the floor's (`[N, H]`, four at most); per route, 64 bytes: the ids, weights, the
+    /// row indices and scales of the four kept outputs, nucleus-moe's counting sort (a bucket,
+    /// the order, the positions) and the reference's stable argsort (`usize` indices and
+    /// merge buffer); per expert, the four outputs' token counts. Every large buffer is
+    /// allocated at its length (none grows by doubling). `None` when they overflow `usize`.
     pub fn buffer_bytes(self, elem: usize) -> Option<usize> {
-        let Shape { n, h, k, .. } = self;
+        let Shape { n, h, k, e } = self;
         let nk = n.checked_mul(k)?;
         let p = super::product;
         super::total(&[
             p(&[nk, h, elem, 3]),
             p(&[nk, h, 2]),
             p(&[n, h, elem, 4]),
-            p(&[n, h]),
-            p(&[nk, 32]),
+            p(&[n, h, 2]),
+            p(&[nk, 64]),
+            p(&[e, 64]),
         ])
     }
 }
@@ -764,23 +772,28 @@ pub fn run(args: &BenchMoeArgs, out: &mut (dyn Write + Send)) -> Result<()> {
         .iter()
         .map(|s| (s.buffer_bytes(elem), s))
         .max_by_key(|(bytes, _)| bytes.unwrap_or(usize::MAX));
-    if let Some((bytes, s)) = largest {
-        reserve(
-            bytes,
-            &format!(
-                "the largest shape, N {} x H {} x K {}, and its outputs",
-                s.n, s.h, s.k
-            ),
-        )?;
-    }
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(args.threads)
         .build()
         .context("building the thread pool")?;
-    pool.install(|| match args.dtype {
-        MoeDtype::F32 => write_table::<f32>(args, out),
-        MoeDtype::F16 => write_table::<f16>(args, out),
-        MoeDtype::Bf16 => write_table::<bf16>(args, out),
+    pool.install(|| {
+        // Checked on the pool's thread, where the shapes are built: its stack and malloc
+        // arena (64 MiB of address space) count against a `ulimit -v` too, and a check made
+        // before them passed shapes that then failed after the table's header.
+        if let Some((bytes, s)) = largest {
+            reserve(
+                bytes,
+                &format!(
+                    "the largest shape, N {} x H {} x K {}, and its outputs",
+                    s.n, s.h, s.k
+                ),
+            )?;
+        }
+        match args.dtype {
+            MoeDtype::F32 => write_table::<f32>(args, out),
+            MoeDtype::F16 => write_table::<f16>(args, out),
+            MoeDtype::Bf16 => write_table::<bf16>(args, out),
+        }
     })
 }
 
@@ -826,8 +839,8 @@ fn write_table<T: BenchElement>(args: &BenchMoeArgs, out: &mut (dyn Write + Send
                 k: args.k,
                 e: args.experts,
             };
-            let bench =
-                MoeBench::<T>::new(shape, DEFAULT_SEED).with_context(|| format!("N {n}, H {h}"))?;
+            let bench = MoeBench::<T>::new(shape, DEFAULT_SEED)
+                .with_context(|| format!("N {n}, H {h}, K {}", args.k))?;
             let jobs = Job::measured(args.threads);
             let us = median_us(&bench, &jobs, args.iters)?;
             drop(bench);

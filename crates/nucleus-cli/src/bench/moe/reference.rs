@@ -85,6 +85,10 @@ pub fn init_routing<T: Element>(
     experts: usize,
     out: &mut Routed<T>,
 ) {
+    // Room for every row at once: grown row by row, the vector doubled past its length (a
+    // 606 MB expanded_x took 1 GB), beyond what `nucleus bench moe` reserved.
+    out.expanded_x.clear();
+    out.expanded_x.reserve_exact(expert_idx.len() * h);
     place_routes(expert_idx, k, experts, out, |i, out| {
         out.expanded_x.extend_from_slice(&x[i * h..(i + 1) * h]);
     });
@@ -102,6 +106,11 @@ pub fn init_routing_dynamic_int8<T: Element>(
     experts: usize,
     out: &mut Routed<i8>,
 ) {
+    // Reserved at once, as in `init_routing`.
+    out.expanded_x.clear();
+    out.expanded_x.reserve_exact(expert_idx.len() * h);
+    out.expanded_scale.clear();
+    out.expanded_scale.reserve_exact(expert_idx.len());
     place_routes(expert_idx, k, experts, out, |i, out| {
         let row = &x[i * h..(i + 1) * h];
         let max = row.iter().fold(0f32, |m, v| m.max(v.to_f32().abs()));

@@ -1,0 +1,243 @@
+//! Whether a number of bytes can be had, asked before the work that needs them, so that a
+//! request the machine cannot hold is refused with a message instead of aborting midway
+//! ("memory allocation of N bytes failed" is an abort in Rust).
+//!
+//! [`can_allocate`] is the one check: the benchmarks' buffers ([`crate::bench::reserve`]),
+//! `generate`'s KV cache, and the outputs and working memory of an operator call that the
+//! libraries allocate inside (`nucleus sample`, `top-k-top-p-sample`, `moe-init-routing`)
+//! all go through it.
+
+use std::sync::OnceLock;
+
+/// Whether `bytes` can be had here: no more than the machine's memory and swap (Linux:
+/// `MemTotal + SwapTotal` of `/proc/meminfo`, so the answer does not depend on the overcommit
+/// setting), and reserved in one allocation that is freed again at once (nothing is touched,
+/// so this costs no time; an address-space limit, `ulimit -v`, refuses it).
+///
+/// The reservation is released before the work runs, so another thread may take the memory
+/// in between: this is a check of what the process can hold, not a promise.
+pub fn can_allocate(bytes: usize) -> bool {
+    if memory_and_swap().is_some_and(|m| bytes as u64 > m) {
+        return false;
+    }
+    let mut probe: Vec<u8> = Vec::new();
+    probe.try_reserve_exact(bytes).is_ok()
+}
+
+/// [`can_allocate`] of a byte count that may have overflowed (`None`: more than `usize` can
+/// count, which cannot be had).
+pub fn can_allocate_checked(bytes: Option<usize>) -> bool {
+    bytes.is_some_and(can_allocate)
+}
+
+/// `bytes` with a margin for what an estimate does not see (allocator rounding, small
+/// buffers): a quarter more, plus 1 MiB; saturating.
+pub fn with_margin(bytes: usize) -> usize {
+    bytes.saturating_add(bytes / 4).saturating_add(1 << 20)
+}
+
+/// The machine's memory and swap in bytes (`MemTotal + SwapTotal` of `/proc/meminfo`, read
+/// once); `None` where that file is not there or not understood.
+pub fn memory_and_swap() -> Option<u64> {
+    static TOTAL: OnceLock<Option<u64>> = OnceLock::new();
+    *TOTAL.get_or_init(|| {
+        let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let kb = |key: &str| -> Option<u64> {
+            let line = info.lines().find(|l| l.starts_with(key))?;
+            line[key.len()..]
+                .trim()
+                .strip_suffix("kB")?
+                .trim()
+                .parse()
+                .ok()
+        };
+        kb("MemTotal:")?
+            .checked_add(kb("SwapTotal:").unwrap_or(0))?
+            .checked_mul(1024)
+    })
+}
+
+/// `bytes` as GiB with one decimal, for messages (`20.0 GiB`).
+pub fn gib(bytes: usize) -> String {
+    format!("{:.1} GiB", bytes as f64 / f64::from(1u32 << 30))
+}
+
+/// The message for work that needs `bytes` (with margin; `None`: more than `usize` counts)
+/// that cannot be had: `WHAT needs about N bytes (X GiB), which cannot be allocated here`.
+pub fn refusal(what: &str, bytes: Option<usize>) -> String {
+    match bytes {
+        Some(b) => format!(
+            "{what} needs about {b} bytes ({}), which cannot be allocated here",
+            gib(b)
+        ),
+        None => format!("{what} needs more bytes than this machine can address"),
+    }
+}
+
+/// `a + b + ...` bytes, `None` on overflow.
+fn sum(parts: &[Option<usize>]) -> Option<usize> {
+    parts
+        .iter()
+        .try_fold(0usize, |total, &part| total.checked_add(part?))
+}
+
+/// `count * each` bytes, `None` on overflow.
+fn times(count: usize, each: usize) -> Option<usize> {
+    count.checked_mul(each)
+}
+
+/// The most `nucleus_sampling::sample_row` (or `sample_batch`'s work on one row, or
+/// `distribution`) may allocate for one row of `vocab` values under `params`, from its
+/// per-thread scratch (`sampler.rs`'s `Scratch`), sized by what the parameters switch on:
+/// the dense f32 weights (4 bytes per entry, always counted); with a mask, bias or penalty,
+/// the row's f32 working copy, the occurrence counts and two bitsets (8.25);
+/// with top-p or min-p, a candidate (12 bytes) per entry, once per chunk and once merged, and
+/// its weight and logit (8): 32 per entry; with top-k, that for `k` entries, plus one list of
+/// `k` per thread; a 16-bit row's f32 copy (`widened`, 4); the top logprobs and the `n`
+/// samples. Without margin: see [`with_margin`].
+pub fn sampler_row_bytes(
+    vocab: usize,
+    params: &nucleus_sampling::SamplingParams,
+    widened: bool,
+) -> Option<usize> {
+    // The sampler's `modifies_logits`, leaving out the context it also looks at (so a penalty
+    // on a row without context counts too).
+    let modifies = params.allowed_token_ids.is_some()
+        || !params.bad_words.is_empty()
+        || params.min_tokens > 0
+        || !params.logit_bias.is_empty()
+        || params.repetition_penalty != 1.0
+        || params.frequency_penalty != 0.0
+        || params.presence_penalty != 0.0;
+    let greedy = params.is_greedy();
+    let k = usize::try_from(params.top_k).unwrap_or(0).min(vocab);
+    let k_on = !greedy && k > 0 && k < vocab;
+    let listed = if !greedy && (params.top_p < 1.0 || params.min_p > 0.0) {
+        vocab
+    } else if k_on {
+        k
+    } else {
+        0
+    };
+    let threads = rayon::current_num_threads();
+    sum(&[
+        times(vocab, 4),
+        if modifies {
+            times(vocab, 8).and_then(|b| b.checked_add(vocab / 4))
+        } else {
+            Some(0)
+        },
+        times(listed, 32),
+        if k_on {
+            times(threads, k).and_then(|n| n.checked_mul(12))
+        } else {
+            Some(0)
+        },
+        if widened { times(vocab, 4) } else { Some(0) },
+        params
+            .logprobs
+            .map_or(Some(0), |top| times(top.min(vocab), 32)),
+        times(params.n, 16),
+    ])
+}
+
+/// The most a `nucleus_sampling::chain::SamplerChain` of `configs` may allocate for one row
+/// of `vocab` values (`chain.rs`): its f32 copy of the row and its weights (8 bytes per
+/// entry), and the buffer each `top_k` entry (an (f32, u32) pair per entry, up to twice that
+/// as it grows: 16) and each `top_p` entry (12, so 24) keeps. Without margin.
+pub fn chain_row_bytes(
+    vocab: usize,
+    configs: &[nucleus_sampling::chain::ProcessorConfig],
+) -> Option<usize> {
+    use nucleus_sampling::chain::ProcessorConfig;
+    let per_entry = configs.iter().try_fold(8usize, |b, c| {
+        b.checked_add(match c {
+            ProcessorConfig::TopK { .. } => 16,
+            ProcessorConfig::TopP { .. } => 24,
+            _ => 0,
+        })
+    })?;
+    times(vocab, per_entry)
+}
+
+/// The most `nucleus_sampling::npu::top_k_top_p_sample` may allocate in one row's per-thread
+/// scratch (`npu.rs`'s `sample_row`) for a row of `vocab` values with these parameters: with
+/// top-k on (`1 <= top_k <= min(vocab, ks_max, 1024)`) or only the first token kept, a list
+/// of at most 1,024 candidates (and as much again while it is cut back); with top-p or min-p
+/// alone, a candidate per entry (12 bytes, up to twice that as the list grows) and the f32
+/// weights (4): 28 per entry; with neither, the f32 weights.
+pub fn npu_row_bytes(
+    vocab: usize,
+    top_k: i32,
+    top_p: f32,
+    min_p: Option<f32>,
+    ks_max: i64,
+) -> Option<usize> {
+    let ks = usize::try_from(ks_max.clamp(0, 1024)).unwrap_or(1024);
+    let k_on = usize::try_from(top_k).is_ok_and(|k| k >= 1 && k <= vocab.min(ks));
+    let first_only = top_p <= 0.0 || min_p.is_some_and(|m| m >= 1.0);
+    let filtered = (top_p > 0.0 && top_p < 1.0) || min_p.is_some_and(|m| m > 0.0 && m < 1.0);
+    if first_only || k_on {
+        Some(2 * 1024 * 24)
+    } else if filtered {
+        times(vocab, 28)
+    } else {
+        times(vocab, 4)
+    }
+}
+
+/// The most `nucleus_sampling::npu::top_k_top_p_sample` may allocate for a `[batch, vocab]`
+/// call (`npu.rs`): the `[batch, vocab]` f32 `logits_top_kp_select` with `is_need_logits`;
+/// per thread that works on a row, the largest row scratch (`row_scratch`:
+/// [`npu_row_bytes`]) and a 16-bit row's f32 copy (`widened`, 4 bytes per entry); the
+/// results, ids and statuses per row. Without margin.
+pub fn npu_call_bytes(
+    batch: usize,
+    vocab: usize,
+    is_need_logits: bool,
+    widened: bool,
+    row_scratch: usize,
+) -> Option<usize> {
+    let threads = rayon::current_num_threads().min(batch).max(1);
+    let per_thread = row_scratch.checked_add(if widened { times(vocab, 4)? } else { 0 })?;
+    sum(&[
+        if is_need_logits {
+            times(batch, vocab).and_then(|n| n.checked_mul(4))
+        } else {
+            Some(0)
+        },
+        times(threads, per_thread),
+        times(batch, 128),
+    ])
+}
+
+/// What nucleus-moe's `moe_init_routing` allocates besides `expanded_x` (which it reserves
+/// itself) for `num_rows` tokens of `hidden` values with `k` routes each into `rows` output
+/// rows (`init_routing.rs`): the routes' counting sort (a bucket, the order and the positions,
+/// 4 bytes per route each), the row indices (4 per route), the expanded scales and the
+/// per-row flags (5 per output row), and an int8 copy of `x` with its scales and flags when
+/// quantising (1 per value, 6 per token). Without margin.
+pub fn moe_scratch_bytes(num_rows: usize, hidden: usize, k: usize, rows: usize) -> Option<usize> {
+    let routes = num_rows.checked_mul(k)?;
+    sum(&[
+        times(routes, 16),
+        times(rows, 5),
+        times(num_rows, hidden),
+        times(num_rows, 6),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_sizes_can_be_had_and_impossible_ones_cannot() {
+        assert!(can_allocate(1 << 20));
+        assert!(!can_allocate(usize::MAX));
+        assert!(!can_allocate_checked(None));
+        assert_eq!(with_margin(4 << 20), (5 << 20) + (1 << 20));
+        assert_eq!(with_margin(usize::MAX), usize::MAX);
+        assert_eq!(gib(3 << 29), "1.5 GiB");
+    }
+}
