@@ -91,10 +91,9 @@ pub fn load_gguf_from<R: Read + Seek>(
     let tokenizer = GgufTokenizer::from_gguf(&content).map_err(|e| match e {
         EngineError::Tokenizer(message) => invalid(path, format!("tokenizer: {message}")),
         // The tokenizer does not know the file: name it, as the model's messages do.
-        EngineError::Unsupported(message) => EngineError::Unsupported(format!(
-            "{}: {message}",
-            crate::error::shown_path(path)
-        )),
+        EngineError::Unsupported(message) => {
+            EngineError::Unsupported(format!("{}: {message}", crate::error::shown_path(path)))
+        }
         other => other,
     })?;
     let n_tokens = tokenizer.tokenizer.get_vocab_size(false);
