@@ -279,7 +279,7 @@ fn token_env(args: &ValidateArgs) -> Result<TokenEnv> {
         let tokenizer = tokenizers::Tokenizer::from_bytes(&bytes)
             .map_err(|e| anyhow!("cannot load the tokenizer {}: {e}", shown_path(path)))?;
         drop(bytes);
-        let eos = end_tokens(&tokenizer, None);
+        let eos = end_tokens(&tokenizer, &[]);
         if eos.is_empty() {
             bail!(
                 "the tokenizer {} has none of the end tokens {END_TOKEN_NAMES:?}",
@@ -294,12 +294,12 @@ fn token_env(args: &ValidateArgs) -> Result<TokenEnv> {
         return Ok(TokenEnv::from_tokenizer(&tokenizer, &eos, vocab)?);
     }
     let path = nucleus_engine::hub::resolve_model(args.model.as_deref())?;
-    let loaded = nucleus_engine::load_gguf(&path, &nucleus_engine::Device::Cpu)?;
+    let loaded = nucleus_engine::load_model(&path, &nucleus_engine::Device::Cpu)?;
     for warning in &loaded.warnings {
         crate::report::warning(&warning.to_string());
     }
     let tokenizer = &loaded.tokenizer.tokenizer;
-    let eos = end_tokens(tokenizer, loaded.tokenizer.eos_token_id);
+    let eos = end_tokens(tokenizer, &loaded.tokenizer.eos_token_ids);
     if eos.is_empty() {
         bail!(
             "the model {} has no EOS id and none of the end tokens {END_TOKEN_NAMES:?}",
@@ -314,8 +314,8 @@ fn token_env(args: &ValidateArgs) -> Result<TokenEnv> {
 }
 
 /// The EOS ids: `declared` first, then the special tokens named like end tokens.
-fn end_tokens(tokenizer: &tokenizers::Tokenizer, declared: Option<u32>) -> Vec<u32> {
-    let mut ids: Vec<u32> = declared.into_iter().collect();
+fn end_tokens(tokenizer: &tokenizers::Tokenizer, declared: &[u32]) -> Vec<u32> {
+    let mut ids: Vec<u32> = declared.to_vec();
     let mut named: Vec<u32> = tokenizer
         .get_added_tokens_decoder()
         .iter()

@@ -16,7 +16,7 @@ use clap::{Args, Parser, Subcommand};
 use nucleus_cli::report::{self, Output};
 use nucleus_cli::usage::UsageError;
 use nucleus_engine::{
-    hub, load_gguf, Engine, EngineConfig, EngineError, FinishReason, GrammarOptions, Request,
+    hub, load_model, Engine, EngineConfig, EngineError, FinishReason, GrammarOptions, Request,
     SamplingParams,
 };
 
@@ -259,7 +259,7 @@ fn generate(args: GenerateArgs) -> Result<ExitCode> {
         max_whitespace: max_whitespace.0,
     };
     let path = hub::resolve_model(args.model.as_deref())?;
-    let loaded = load_gguf(&path, &candle_device())?;
+    let loaded = load_model(&path, &candle_device())?;
     for warning in &loaded.warnings {
         report::warning(&warning.to_string());
     }
@@ -427,7 +427,7 @@ fn kv_capacity(prompt: usize, final_len: usize, context: usize) -> usize {
 /// # Errors
 /// One message with the numbers, when the bytes cannot be had.
 fn check_kv_cache(
-    config: &nucleus_engine::LlamaConfig,
+    config: &nucleus_engine::ModelConfig,
     prompt_lens: &[usize],
     n: usize,
     max_tokens: usize,

@@ -337,14 +337,14 @@ fn model_paths_from_the_environment_and_special_files_are_named() {
     assert_eq!(
         text(&out.stderr),
         "error: no model available: NUCLEUS_MODEL=/dev/zero: is not a regular file or \
-         directory (a character device); pass a GGUF file\n"
+         directory (a character device); pass a GGUF file or a Hugging Face model folder\n"
     );
     let out = nucleus(&["generate", "--prompt", "x", "--model", "/dev/zero"]);
     assert_clean_failure(&out);
     assert_eq!(
         text(&out.stderr),
         "error: no model available: /dev/zero: is not a regular file or directory (a \
-         character device); pass a GGUF file\n"
+         character device); pass a GGUF file or a Hugging Face model folder\n"
     );
 }
 

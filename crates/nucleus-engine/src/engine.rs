@@ -30,8 +30,8 @@ use nucleus_sampling::{
 use crate::detokenize::{ByteTokens, IncrementalDecoder, StopStrings};
 use crate::error::{EngineError, Result};
 use crate::kv_cache::KvCache;
-use crate::model::{LlamaModel, SeqInput};
-use crate::tokenizer::GgufTokenizer;
+use crate::models::{CausalLm, SeqInput};
+use crate::tokenizer::ModelTokenizer;
 
 /// The most samples one request may ask for: each sample keeps its own KV cache.
 pub const MAX_SAMPLES_PER_REQUEST: usize = 1024;
@@ -182,7 +182,8 @@ struct Sequence {
     forks: usize,
     max_tokens: usize,
     stop_token_ids: Vec<u32>,
-    eos_token_id: Option<u32>,
+    /// The ids that end the sample with [`FinishReason::Eos`] (none with `ignore_eos`).
+    eos_token_ids: Vec<u32>,
     /// EOS and stop ids: banned by the sampler until `params.min_tokens` are generated.
     end_ids: Vec<u32>,
     decoder: IncrementalDecoder,
@@ -195,8 +196,8 @@ struct Sequence {
 
 /// The generation loop over one model.
 pub struct Engine {
-    model: LlamaModel,
-    tokenizer: GgufTokenizer,
+    model: Box<dyn CausalLm>,
+    tokenizer: ModelTokenizer,
     config: EngineConfig,
     seqs: Vec<Sequence>,
     next_request_id: u64,
@@ -212,7 +213,7 @@ pub struct Engine {
 
 impl Engine {
     /// An engine over a loaded model and its tokenizer.
-    pub fn new(model: LlamaModel, tokenizer: GgufTokenizer, config: EngineConfig) -> Self {
+    pub fn new(model: Box<dyn CausalLm>, tokenizer: ModelTokenizer, config: EngineConfig) -> Self {
         let rows = model.config().vocab_size;
         let tok_vocab = tokenizer.tokenizer.get_vocab_size(true);
         let vocab_size = if tok_vocab > 0 && tok_vocab < rows {
@@ -241,7 +242,7 @@ impl Engine {
     /// bytes llguidance cannot take).
     pub fn grammar_compiler(&mut self) -> Result<&GrammarCompiler> {
         if self.grammars.is_none() {
-            let eos: Vec<u32> = self.tokenizer.eos_token_id.into_iter().collect();
+            let eos = self.tokenizer.eos_token_ids.clone();
             let env = TokenEnv::from_tokenizer(
                 &self.tokenizer.tokenizer,
                 &eos,
@@ -253,12 +254,12 @@ impl Engine {
     }
 
     /// The model.
-    pub fn model(&self) -> &LlamaModel {
-        &self.model
+    pub fn model(&self) -> &dyn CausalLm {
+        self.model.as_ref()
     }
 
     /// The tokenizer.
-    pub fn tokenizer(&self) -> &GgufTokenizer {
+    pub fn tokenizer(&self) -> &ModelTokenizer {
         &self.tokenizer
     }
 
@@ -383,10 +384,10 @@ impl Engine {
         let request_id = self.next_request_id;
         self.next_request_id += 1;
         let prompt = std::sync::Arc::new(prompt_ids.clone());
-        let eos_token_id = if request.ignore_eos {
-            None
+        let eos_token_ids = if request.ignore_eos {
+            Vec::new()
         } else {
-            self.tokenizer.eos_token_id
+            self.tokenizer.eos_token_ids.clone()
         };
         for j in 0..request.n {
             self.seqs.push(Sequence {
@@ -404,11 +405,12 @@ impl Engine {
                 forks: if j == 0 { request.n - 1 } else { 0 },
                 max_tokens: request.max_tokens,
                 stop_token_ids: request.stop_token_ids.clone(),
-                eos_token_id,
-                end_ids: eos_token_id
-                    .into_iter()
+                end_ids: eos_token_ids
+                    .iter()
+                    .copied()
                     .chain(request.stop_token_ids.iter().copied())
                     .collect(),
+                eos_token_ids: eos_token_ids.clone(),
                 decoder: IncrementalDecoder::new(&prompt_ids)
                     .with_byte_tokens(self.byte_tokens.clone()),
                 stops: StopStrings::new(&request.stop_strings),
@@ -690,7 +692,7 @@ impl Engine {
 fn advance(
     seq: &mut Sequence,
     token: u32,
-    tokenizer: &GgufTokenizer,
+    tokenizer: &ModelTokenizer,
     context: usize,
     grammar_ended: bool,
     text: &mut String,
@@ -699,7 +701,7 @@ fn advance(
     let finish = |seq: &mut Sequence, text: &mut String, reason: FinishReason| {
         finish_sample(seq, tokenizer, text, reason)
     };
-    if Some(token) == seq.eos_token_id {
+    if seq.eos_token_ids.contains(&token) {
         return Some(finish(seq, text, FinishReason::Eos));
     }
     if seq.stop_token_ids.contains(&token) {
@@ -730,7 +732,7 @@ fn advance(
 /// string prefix) into `text`. A stop string completed by that tail makes the reason `Stop`.
 fn finish_sample(
     seq: &mut Sequence,
-    tokenizer: &GgufTokenizer,
+    tokenizer: &ModelTokenizer,
     text: &mut String,
     reason: FinishReason,
 ) -> FinishReason {

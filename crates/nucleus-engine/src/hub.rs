@@ -1,4 +1,5 @@
-//! Where the model file comes from: an explicit path, `NUCLEUS_MODEL`, or the Hugging Face hub.
+//! Where the model comes from: an explicit path (a GGUF file or a Hugging Face model folder),
+//! `NUCLEUS_MODEL`, or the Hugging Face hub.
 
 use std::path::{Path, PathBuf};
 
@@ -11,19 +12,19 @@ pub const DEFAULT_FILE: &str = "tinyllamas/stories260K.gguf";
 /// The environment variable naming a model file.
 pub const MODEL_ENV: &str = "NUCLEUS_MODEL";
 
-/// Resolves the model file: `explicit` if given, else `$NUCLEUS_MODEL` (when set and not
-/// empty), else
-/// [`DEFAULT_FILE`] from [`DEFAULT_REPO`] through the hf-hub cache (downloading it once).
+/// Resolves the model: `explicit` if given, else `$NUCLEUS_MODEL` (when set and not empty),
+/// else [`DEFAULT_FILE`] from [`DEFAULT_REPO`] through the hf-hub cache (downloading it once).
 ///
-/// A given path (either way, symbolic links followed) must be a regular file: not a directory,
-/// nor a device (`/dev/zero`), a FIFO or a socket, which [`crate::load_gguf`] could block on or
-/// read forever.
+/// A given path (either way, symbolic links followed) must be a regular file (a GGUF file) or a
+/// directory (a Hugging Face model folder, for [`crate::load_model`]): not a device
+/// (`/dev/zero`), a FIFO or a socket, which a loader could block on or read forever.
 ///
 /// # Errors
 /// [`EngineError::ModelNotFound`] when the given path does not exist, cannot be inspected
-/// (e.g. permission denied), is a directory, or is not a regular file; the message starts with
-/// the path, as `NUCLEUS_MODEL=PATH` when it came from the environment. Also when no path was
-/// given and the hub cannot be reached (offline); the message then says to pass `--model`.
+/// (e.g. permission denied), or is neither a regular file nor a directory; the message starts
+/// with the path, as `NUCLEUS_MODEL=PATH` when it came from the environment. Also when no path
+/// was given and the hub cannot be reached (offline); the message then says to pass
+/// `--model`.
 pub fn resolve_model(explicit: Option<&Path>) -> Result<PathBuf> {
     let given = match explicit {
         Some(path) => Some((path.to_path_buf(), false)),
@@ -33,10 +34,10 @@ pub fn resolve_model(explicit: Option<&Path>) -> Result<PathBuf> {
     };
     if let Some((path, from_env)) = given {
         let what = match std::fs::metadata(&path) {
-            Ok(m) if m.is_file() => return Ok(path),
-            Ok(m) if m.is_dir() => "is a directory, not a GGUF file".to_string(),
+            Ok(m) if m.is_file() || m.is_dir() => return Ok(path),
             Ok(m) => format!(
-                "is not a regular file or directory ({}); pass a GGUF file",
+                "is not a regular file or directory ({}); pass a GGUF file or a Hugging Face \
+                 model folder",
                 file_kind(&m.file_type())
             ),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => "does not exist".to_string(),
@@ -53,7 +54,7 @@ pub fn resolve_model(explicit: Option<&Path>) -> Result<PathBuf> {
         EngineError::ModelNotFound(format!(
             "no --model given, {MODEL_ENV} is not set, and {DEFAULT_FILE} could not be fetched \
              from the Hugging Face hub repository {DEFAULT_REPO} ({e}); pass --model PATH to a \
-             GGUF file"
+             GGUF file or a Hugging Face model folder"
         ))
     };
     let api = hf_hub::api::sync::ApiBuilder::new()

@@ -3,13 +3,15 @@
 //! Models and the generation loop around nucleus-sampling: what runs between the user's
 //! request and the logits, and between the sampled token and the streamed text.
 //!
-//! - [`load_gguf`] reads a GGUF file (llama.cpp's format): its header through our checked parser
-//!   ([`gguf::read_content`], which refuses corrupt files), its tensors through candle-core: a
-//!   Llama-architecture [`LlamaModel`] (f32 or any quantized type candle supports, through its
-//!   quantized matmul) and its tokenizer from the metadata, [`GgufTokenizer`] (`llama`
-//!   SentencePiece BPE with byte fallback, or `gpt2` byte-level BPE), plus the warnings of
-//!   what was ignored ([`LoadedModel::warnings`]).
-//! - [`LlamaModel::forward`] runs the new tokens of many sequences in one pass: the linear
+//! - [`load_model`] reads a model from a Hugging Face folder ([`load_hf_folder`]: config.json,
+//!   safetensors weights, tokenizer.json; `model_type` llama, qwen2, qwen3) or a GGUF file
+//!   ([`load_gguf`]: llama.cpp's format, its header through our checked parser,
+//!   [`gguf::read_content`], which refuses corrupt files; arch `llama`, f32 or any quantized
+//!   type candle supports; the tokenizer built from the metadata), giving a model behind the
+//!   one interface the engine sees, [`CausalLm`], its [`ModelTokenizer`] and the warnings of
+//!   what was ignored ([`LoadedModel::warnings`]). Loaders live in [`loader`], the model in
+//!   [`models`]: one decoder-only [`Transformer`] parameterised by its [`ModelConfig`].
+//! - [`CausalLm::forward`] runs the new tokens of many sequences in one pass: the linear
 //!   layers on all rows at once, attention per sequence over its own [`KvCache`].
 //! - [`Engine`] takes [`Request`]s (prompt, [`SamplingParams`], max_tokens, stop token ids,
 //!   stop strings, n) and advances every live sequence one token per [`Engine::step`], sampling
@@ -20,9 +22,9 @@
 //! A generation loop:
 //!
 //! ```no_run
-//! use nucleus_engine::{load_gguf, Device, Engine, EngineConfig, Request, SamplingParams};
+//! use nucleus_engine::{load_model, Device, Engine, EngineConfig, Request, SamplingParams};
 //!
-//! let loaded = load_gguf("stories260K.gguf".as_ref(), &Device::Cpu)?;
+//! let loaded = load_model("stories260K.gguf".as_ref(), &Device::Cpu)?;
 //! let mut engine = Engine::new(loaded.model, loaded.tokenizer, EngineConfig::default());
 //! engine.add_request(Request {
 //!     params: SamplingParams { temperature: 0.8, top_p: 0.9, seed: Some(42), ..Default::default() },
@@ -46,8 +48,8 @@ pub mod error;
 pub mod gguf;
 pub mod hub;
 pub mod kv_cache;
-pub mod load;
-pub mod model;
+pub mod loader;
+pub mod models;
 pub mod tokenizer;
 
 pub use candle_core::Device;
@@ -57,8 +59,10 @@ pub use engine::{
 };
 pub use error::{EngineError, Result};
 pub use kv_cache::KvCache;
-pub use load::{load_gguf, load_gguf_from, LoadedModel};
-pub use model::{LlamaConfig, LlamaModel, SeqInput};
+pub use loader::{load_gguf, load_gguf_from, load_hf_folder, load_model, LoadedModel};
+pub use models::{
+    CausalLm, ModelConfig, RopeConfig, RopeLayout, RopeScaling, SeqInput, Transformer,
+};
 pub use nucleus_grammar::{GrammarOptions, GrammarSpec};
 pub use nucleus_sampling::SamplingParams;
-pub use tokenizer::{GgufTokenizer, TokenizerKind};
+pub use tokenizer::{ModelTokenizer, TokenizerKind};

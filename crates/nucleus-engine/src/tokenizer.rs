@@ -1,5 +1,6 @@
-//! [`GgufTokenizer`]: a Hugging Face `tokenizers::Tokenizer` built from a GGUF file's
-//! `tokenizer.ggml.*` metadata.
+//! [`ModelTokenizer`]: a Hugging Face `tokenizers::Tokenizer` with the ids a generation loop
+//! needs, read from a Hugging Face folder's `tokenizer.json` ([`TokenizerKind::HuggingFace`],
+//! see [`crate::loader::hf`]) or built from a GGUF file's `tokenizer.ggml.*` metadata.
 //!
 //! Two kinds of GGUF tokenizer are supported ([`TokenizerKind`]):
 //!
@@ -49,7 +50,7 @@ use tokenizers::{AddedToken, Tokenizer};
 
 use crate::error::{bounded, candle_message, quote, EngineError, Result};
 use crate::gguf::describe;
-use crate::load::{md_array, md_bool, md_str, value_to_u64};
+use crate::loader::gguf::{md_array, md_bool, md_str, value_to_u64};
 
 /// The SentencePiece word-boundary marker, U+2581.
 const SPIECE_UNDERLINE: &str = "\u{2581}";
@@ -74,25 +75,32 @@ const GPT2_READ_KEYS: [&str; 3] = [
 /// The most warnings one tokenizer reports; the rest are counted in one more.
 const MAX_WARNINGS: usize = 16;
 
-/// Which GGUF tokenizer a [`GgufTokenizer`] was built from (`tokenizer.ggml.model`).
+/// What a [`ModelTokenizer`] was built from: a GGUF file's `tokenizer.ggml.model`, or a Hugging
+/// Face `tokenizer.json`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TokenizerKind {
+    /// A Hugging Face folder's `tokenizer.json`, read as it is by the `tokenizers` crate.
+    HuggingFace,
     /// `"llama"`: SentencePiece BPE with scores and byte fallback.
     Llama,
     /// `"gpt2"`: byte-level BPE with merges.
     Gpt2,
 }
 
-/// A tokenizer read from GGUF metadata, with the ids a generation loop needs.
+/// A tokenizer with the ids a generation loop needs (from GGUF metadata or a Hugging Face
+/// folder).
 #[derive(Debug, Clone)]
-pub struct GgufTokenizer {
+pub struct ModelTokenizer {
     /// The Hugging Face tokenizer (`encode(text, add_special_tokens)`, `decode(ids, skip_special)`).
     pub tokenizer: Tokenizer,
-    /// `tokenizer.ggml.bos_token_id`, `None` when absent or "no token" (-1, see
-    /// [`GgufTokenizer::from_gguf`]).
+    /// The BOS id: `tokenizer.ggml.bos_token_id` (`None` when absent or "no token", -1, see
+    /// [`ModelTokenizer::from_gguf`]); for Hugging Face folders `bos_token_id` of config.json,
+    /// else `bos_token` of tokenizer_config.json.
     pub bos_token_id: Option<u32>,
-    /// `tokenizer.ggml.eos_token_id`, `None` when absent or "no token".
-    pub eos_token_id: Option<u32>,
+    /// The ids that end generation: `tokenizer.ggml.eos_token_id` (none when absent or "no
+    /// token"); for Hugging Face folders generation_config.json's `eos_token_id` (a number or
+    /// a list), else config.json's, else tokenizer_config.json's `eos_token`.
+    pub eos_token_ids: Vec<u32>,
     /// The tokenizer kind (`tokenizer.ggml.model`).
     pub kind: TokenizerKind,
     /// What was wrong in the metadata but ignored, one message each (at most 17): special ids
@@ -101,7 +109,7 @@ pub struct GgufTokenizer {
     pub warnings: Vec<String>,
 }
 
-impl GgufTokenizer {
+impl ModelTokenizer {
     /// Builds the tokenizer described by `content`'s `tokenizer.ggml.*` metadata (see the module
     /// docs for what each kind becomes).
     ///
@@ -120,7 +128,7 @@ impl GgufTokenizer {
     ///   loop needs them right; we do not run such a file);
     /// - for every other key (`unknown_token_id`, `padding_token_id`, `seperator_token_id` (sic,
     ///   llama.cpp's spelling), `separator_token_id`, candle's `unk` / `pad` / `sep`, `cls`,
-    ///   `mask`, ...) is one warning in [`GgufTokenizer::warnings`] naming the key and the value,
+    ///   `mask`, ...) is one warning in [`ModelTokenizer::warnings`] naming the key and the value,
     ///   and the id is ignored (the unknown token then defaults to the piece `<unk>`), as
     ///   llama.cpp's `llama_vocab::impl::load` (`src/llama-vocab.cpp`) does: "bad special token:
     ///   ... using default id". So files llama.cpp runs still load.
@@ -206,7 +214,7 @@ fn per_token<T>(
         .map(Some)
 }
 
-/// What a special-token id key holds (see [`GgufTokenizer::from_gguf`]).
+/// What a special-token id key holds (see [`ModelTokenizer::from_gguf`]).
 enum SpecialId {
     /// The key is absent or says "no such token" (-1, or an unsigned type's largest value).
     Absent,
@@ -401,7 +409,7 @@ pub(crate) fn spm_merges(
 }
 
 /// The `tokenizer.ggml.model = "llama"` tokenizer (module docs).
-fn llama_tokenizer(content: &gguf_file::Content) -> Result<GgufTokenizer> {
+fn llama_tokenizer(content: &gguf_file::Content) -> Result<ModelTokenizer> {
     let tokens = token_strings(content)?;
     let n = tokens.len();
     let scores = per_token(content, "tokenizer.ggml.scores", n, |v| match v {
@@ -474,7 +482,13 @@ fn llama_tokenizer(content: &gguf_file::Content) -> Result<GgufTokenizer> {
     }
     tokenizer.with_decoder(Some(DecoderSequence::new(decoders)));
 
-    if let Some(template) = bos_eos_template(&tokens, bos, eos, add_bos, add_eos)? {
+    if let Some(template) = bos_eos_template(
+        &|id| tokens.get(id as usize).cloned(),
+        bos,
+        eos,
+        add_bos,
+        add_eos,
+    )? {
         tokenizer.with_post_processor(Some(template));
     }
 
@@ -501,10 +515,10 @@ fn llama_tokenizer(content: &gguf_file::Content) -> Result<GgufTokenizer> {
         .add_tokens(added)
         .map_err(|e| tok_err(format!("adding special tokens: {e}")))?;
 
-    Ok(GgufTokenizer {
+    Ok(ModelTokenizer {
         tokenizer,
         bos_token_id: bos,
-        eos_token_id: eos,
+        eos_token_ids: eos.into_iter().collect(),
         kind: TokenizerKind::Llama,
         warnings,
     })
@@ -513,15 +527,15 @@ fn llama_tokenizer(content: &gguf_file::Content) -> Result<GgufTokenizer> {
 /// Hugging Face `LlamaTokenizerFast.update_post_processor`'s template: single
 /// `[<s>:0] $A:0 [</s>:0]`, pair `[<s>:0] $A:0 [</s>:0] [<s>:1] $B:1 [</s>:1]`. `None` when
 /// neither BOS nor EOS is added (or the id is unknown).
-fn bos_eos_template(
-    tokens: &[String],
+pub(crate) fn bos_eos_template(
+    piece_of: &dyn Fn(u32) -> Option<String>,
     bos: Option<u32>,
     eos: Option<u32>,
     add_bos: bool,
     add_eos: bool,
 ) -> Result<Option<TemplateProcessing>> {
     let piece = |id: u32| -> Result<(String, u32)> {
-        let token = tokens[id as usize].clone();
+        let token = piece_of(id).unwrap_or_default();
         if token.contains(':') || token.starts_with('$') || token.is_empty() {
             return Err(tok_err(format!(
                 "special token {id} {} cannot be named in a post-processor template",
@@ -569,7 +583,7 @@ fn bos_eos_template(
 /// The `tokenizer.ggml.model = "gpt2"` tokenizer, built by candle. The metadata candle reads is
 /// checked first, so that its errors (which print whole values) do not happen; any that still
 /// does is [`bounded`].
-fn gpt2_tokenizer(content: &gguf_file::Content) -> Result<GgufTokenizer> {
+fn gpt2_tokenizer(content: &gguf_file::Content) -> Result<ModelTokenizer> {
     let n = token_strings(content)?.len();
     let bos = strict_special_id(content, BOS_KEY, n)?;
     let eos = strict_special_id(content, EOS_KEY, n)?;
@@ -609,10 +623,10 @@ fn gpt2_tokenizer(content: &gguf_file::Content) -> Result<GgufTokenizer> {
         md_bool(content, key).map_err(tok_err)?;
     }
     let tokenizer = Tokenizer::from_gguf(content).map_err(|e| tok_err(candle_message(&e)))?;
-    Ok(GgufTokenizer {
+    Ok(ModelTokenizer {
         tokenizer,
         bos_token_id: bos,
-        eos_token_id: eos,
+        eos_token_ids: eos.into_iter().collect(),
         kind: TokenizerKind::Gpt2,
         warnings,
     })

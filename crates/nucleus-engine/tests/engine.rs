@@ -274,7 +274,7 @@ fn eos_finishes_a_sequence_alone() {
         .tokenizer
         .token_to_id(".")
         .expect("'.' is a piece");
-    tokenizer.eos_token_id = Some(full_stop);
+    tokenizer.eos_token_ids = vec![full_stop];
     let mut e = Engine::new(loaded.model, tokenizer, EngineConfig::default());
     e.add_request(greedy("", 100)).unwrap();
     e.add_request(Request {

@@ -71,7 +71,8 @@ fn model_paths_that_are_not_regular_files_are_named() -> Result<()> {
     // `/dev/zero` used to be reported as "does not exist".
     assert_eq!(
         not_found(Path::new("/dev/zero")),
-        "/dev/zero: is not a regular file or directory (a character device); pass a GGUF file"
+        "/dev/zero: is not a regular file or directory (a character device); pass a GGUF file \
+         or a Hugging Face model folder"
     );
     let fifo = TempFile(common::temp_path("model.fifo"));
     assert!(std::process::Command::new("mkfifo")
@@ -81,7 +82,8 @@ fn model_paths_that_are_not_regular_files_are_named() -> Result<()> {
     assert_eq!(
         not_found(&fifo.0),
         format!(
-            "{}: is not a regular file or directory (a FIFO); pass a GGUF file",
+            "{}: is not a regular file or directory (a FIFO); pass a GGUF file or a Hugging \
+             Face model folder",
             fifo.0.display()
         )
     );
@@ -95,11 +97,9 @@ fn model_paths_that_are_not_regular_files_are_named() -> Result<()> {
         let message = expect_invalid_model(load_gguf(path, &Device::Cpu), kind);
         assert_eq!(message, format!("not a regular file ({kind})"));
     }
+    // A directory is a Hugging Face model folder, for `load_model`.
     let dir = std::env::temp_dir();
-    assert_eq!(
-        not_found(&dir),
-        format!("{}: is a directory, not a GGUF file", dir.display())
-    );
+    assert_eq!(resolve_model(Some(&dir))?, dir);
     let missing = common::temp_path("missing.gguf");
     assert_eq!(
         not_found(&missing),

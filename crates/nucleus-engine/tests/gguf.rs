@@ -691,7 +691,7 @@ fn minus_one_and_all_ones_special_ids_mean_no_token() -> Result<()> {
         .set_value("tokenizer.ggml.cls_token_id", Value::I64(-1));
     let (_file, loaded) = load(&raw);
     let loaded = loaded?;
-    assert_eq!(loaded.tokenizer.eos_token_id, None);
+    assert_eq!(loaded.tokenizer.eos_token_ids, Vec::<u32>::new());
     assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
     Ok(())
 }

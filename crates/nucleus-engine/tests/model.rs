@@ -9,7 +9,7 @@ use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use candle_transformers::models::quantized_llama::ModelWeights;
 use common::{argmax, max_abs_diff, TempFile};
-use nucleus_engine::{load_gguf, KvCache, LlamaModel, LoadedModel, SeqInput};
+use nucleus_engine::{load_gguf, CausalLm, KvCache, LoadedModel, SeqInput};
 
 /// Logits of forward passes of the same tokens through different code paths (batched vs solo,
 /// prefill vs one by one, ours vs candle-transformers) differ only by f32 rounding in a different
@@ -21,7 +21,7 @@ fn load(path: &std::path::Path) -> Result<LoadedModel> {
 }
 
 /// Runs `tokens` through `cache` in one call and returns the last position's logits.
-fn run(model: &LlamaModel, cache: &mut KvCache, tokens: &[u32]) -> Result<Vec<f32>> {
+fn run(model: &dyn CausalLm, cache: &mut KvCache, tokens: &[u32]) -> Result<Vec<f32>> {
     let logits = model.forward(&mut [SeqInput { tokens, cache }])?;
     assert_eq!(logits.dims(), [1, model.config().vocab_size]);
     Ok(logits.squeeze(0)?.to_vec1()?)
@@ -48,7 +48,7 @@ fn config_is_read_from_metadata() -> Result<()> {
     );
     assert_eq!((c.head_dim, c.ffn_size, c.context_length), (8, 172, 2048));
     assert!((c.rms_norm_eps - 1e-5).abs() < 1e-9);
-    assert_eq!(c.rope_theta, 10_000.0);
+    assert_eq!(c.rope.theta, 10_000.0);
     Ok(())
 }
 
@@ -221,7 +221,7 @@ fn greedy_from_bos_tells_the_readme_story() -> Result<()> {
     for _ in 0..80 {
         let logits = run(model, &mut cache, &[next])?;
         next = argmax(&logits);
-        if Some(next) == loaded.tokenizer.eos_token_id {
+        if loaded.tokenizer.eos_token_ids.contains(&next) {
             break;
         }
         tokens.push(next);

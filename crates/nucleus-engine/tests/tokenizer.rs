@@ -9,14 +9,14 @@ use std::collections::HashMap;
 use anyhow::Result;
 use candle_core::quantized::gguf_file::{Content, Value, VersionedMagic};
 use candle_core::Device;
-use nucleus_engine::{load_gguf, EngineError, GgufTokenizer, TokenizerKind};
+use nucleus_engine::{load_gguf, EngineError, ModelTokenizer, TokenizerKind};
 
-fn stories_tokenizer() -> Result<Option<GgufTokenizer>> {
+fn stories_tokenizer() -> Result<Option<ModelTokenizer>> {
     let path = common::stories260k();
     Ok(Some(load_gguf(&path, &Device::Cpu)?.tokenizer))
 }
 
-fn encode(tok: &GgufTokenizer, text: &str, special: bool) -> Result<Vec<u32>> {
+fn encode(tok: &ModelTokenizer, text: &str, special: bool) -> Result<Vec<u32>> {
     Ok(tok
         .tokenizer
         .encode(text, special)
@@ -25,7 +25,7 @@ fn encode(tok: &GgufTokenizer, text: &str, special: bool) -> Result<Vec<u32>> {
         .to_vec())
 }
 
-fn decode(tok: &GgufTokenizer, ids: &[u32]) -> Result<String> {
+fn decode(tok: &ModelTokenizer, ids: &[u32]) -> Result<String> {
     tok.tokenizer.decode(ids, true).map_err(anyhow::Error::msg)
 }
 
@@ -35,7 +35,10 @@ fn once_upon_a_time_encodes_like_hugging_face() -> Result<()> {
         return Ok(());
     };
     assert_eq!(tok.kind, TokenizerKind::Llama);
-    assert_eq!((tok.bos_token_id, tok.eos_token_id), (Some(1), Some(2)));
+    assert_eq!(
+        (tok.bos_token_id, tok.eos_token_ids.clone()),
+        (Some(1), vec![2])
+    );
     let ids = encode(&tok, "Once upon a time", true)?;
     assert_eq!(ids, [1, 403, 407, 261, 378]);
     assert_eq!(
@@ -148,7 +151,7 @@ fn long_piece_metadata() -> Vec<(&'static str, Value)> {
 
 #[test]
 fn pieces_longer_than_1024_bytes_do_not_panic() -> Result<()> {
-    let tok = GgufTokenizer::from_gguf(&content(long_piece_metadata()))?;
+    let tok = ModelTokenizer::from_gguf(&content(long_piece_metadata()))?;
     let longest = 259 + 1 + 11; // "a" * 2048
     let text = "a".repeat(2048 + 3);
     let ids = encode(&tok, &text, true)?;
@@ -163,7 +166,7 @@ fn add_bos_false_and_no_space_prefix_are_honoured() -> Result<()> {
     let mut md = long_piece_metadata();
     md.push(("tokenizer.ggml.add_bos_token", Value::Bool(false)));
     md.push(("tokenizer.ggml.add_space_prefix", Value::Bool(false)));
-    let tok = GgufTokenizer::from_gguf(&content(md))?;
+    let tok = ModelTokenizer::from_gguf(&content(md))?;
     assert_eq!(encode(&tok, "aaa", true)?, [261, 260]);
     assert_eq!(encode(&tok, "a a", true)?, [260, 259, 260]);
     assert_eq!(decode(&tok, &[260, 259, 260])?, "a a");
@@ -175,7 +178,7 @@ fn negative_special_ids_mean_none() -> Result<()> {
     let mut md = long_piece_metadata();
     md.retain(|(k, _)| *k != "tokenizer.ggml.bos_token_id");
     md.push(("tokenizer.ggml.bos_token_id", Value::I32(-1)));
-    let tok = GgufTokenizer::from_gguf(&content(md))?;
+    let tok = ModelTokenizer::from_gguf(&content(md))?;
     assert_eq!(tok.bos_token_id, None);
     // No BOS id: nothing is prepended.
     assert_eq!(encode(&tok, "a", true)?, [259, 260]);
@@ -214,7 +217,7 @@ fn malformed_metadata_is_an_error() {
     for (key, edit) in cases {
         let mut md = long_piece_metadata();
         edit(&mut md);
-        match GgufTokenizer::from_gguf(&content(md)) {
+        match ModelTokenizer::from_gguf(&content(md)) {
             Err(EngineError::Tokenizer(m)) => assert!(m.contains(key), "{key}: {m}"),
             other => panic!("{key}: expected a Tokenizer error, got {other:?}"),
         }
@@ -223,7 +226,7 @@ fn malformed_metadata_is_an_error() {
     md.retain(|(k, _)| *k != "tokenizer.ggml.model");
     md.push(("tokenizer.ggml.model", Value::String("t5".into())));
     assert!(matches!(
-        GgufTokenizer::from_gguf(&content(md)),
+        ModelTokenizer::from_gguf(&content(md)),
         Err(EngineError::Unsupported(m)) if m.contains("t5")
     ));
 }
@@ -248,9 +251,12 @@ fn gpt2_kind_is_built_by_candle() -> Result<()> {
         ),
         ("tokenizer.ggml.eos_token_id", Value::U32(5)),
     ];
-    let tok = GgufTokenizer::from_gguf(&content(md))?;
+    let tok = ModelTokenizer::from_gguf(&content(md))?;
     assert_eq!(tok.kind, TokenizerKind::Gpt2);
-    assert_eq!((tok.bos_token_id, tok.eos_token_id), (None, Some(5)));
+    assert_eq!(
+        (tok.bos_token_id, tok.eos_token_ids.clone()),
+        (None, vec![5])
+    );
     let ids = encode(&tok, "ab", false)?;
     assert!(ids == [2] || ids == [4], "{ids:?}");
     assert!(decode(&tok, &ids)?.contains("ab"));

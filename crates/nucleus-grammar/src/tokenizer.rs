@@ -9,7 +9,7 @@
 //! - token bytes: [`llguidance::token_bytes_from_tokenizer_json`] over the tokenizer's JSON
 //!   (`Tokenizer::to_string`). It reads byte-level BPE (GPT-2 / Qwen / MiniMind style) and
 //!   byte-fallback SentencePiece with Hugging Face's Llama decoder (`Replace ▁→space`,
-//!   `ByteFallback`, `Fuse`, `Strip`), which is what `nucleus_engine::GgufTokenizer` builds.
+//!   `ByteFallback`, `Fuse`, `Strip`), which is what `nucleus_engine::ModelTokenizer` builds.
 //!   Special added tokens get llguidance's 0xFF marker byte, so a grammar never produces them
 //!   from text;
 //! - forced tokens: the same tokenizer with its dummy prefix removed (below), so a forced

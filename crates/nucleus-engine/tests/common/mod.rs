@@ -1,6 +1,7 @@
 //! Shared helpers of the nucleus-engine integration tests.
 #![allow(dead_code)]
 
+pub mod hf;
 pub mod raw;
 
 use std::path::{Path, PathBuf};

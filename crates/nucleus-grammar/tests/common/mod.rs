@@ -37,9 +37,10 @@ pub fn stories_tokenizer() -> (Tokenizer, u32, usize) {
     let path = shared("models/stories260K.gguf");
     let loaded = nucleus_engine::load_gguf(&path, &nucleus_engine::Device::Cpu)
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let eos = loaded
+    let eos = *loaded
         .tokenizer
-        .eos_token_id
+        .eos_token_ids
+        .first()
         .expect("stories260K has an EOS id");
     let vocab = loaded.model.config().vocab_size;
     (loaded.tokenizer.tokenizer, eos, vocab)

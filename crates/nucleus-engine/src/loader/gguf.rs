@@ -1,5 +1,5 @@
-//! Loading a GGUF file: [`load_gguf`] reads the model ([`LlamaModel`]) and its tokenizer
-//! ([`GgufTokenizer`]) from one file, plus the metadata helpers both use.
+//! Loading a GGUF file: [`load_gguf`] reads the model (a [`crate::Transformer`]) and its
+//! tokenizer ([`ModelTokenizer`]) from one file, plus the metadata helpers both use.
 //!
 //! GGUF is llama.cpp's file format: a header, typed key/value metadata (`general.architecture`,
 //! `llama.*` hyper-parameters, `tokenizer.ggml.*`), tensor descriptions and aligned tensor data
@@ -19,28 +19,16 @@ use candle_core::Device;
 
 use crate::error::{bounded, EngineError, Result};
 use crate::gguf::describe;
-use crate::model::LlamaModel;
-use crate::tokenizer::GgufTokenizer;
-
-/// A model and its tokenizer, both read from one GGUF file by [`load_gguf`].
-#[derive(Debug)]
-pub struct LoadedModel {
-    /// The forward pass and its hyper-parameters.
-    pub model: LlamaModel,
-    /// The tokenizer from the file's `tokenizer.ggml.*` metadata.
-    pub tokenizer: GgufTokenizer,
-    /// What was wrong with the file but ignored, one message each, for the caller to show (the
-    /// library prints nothing): special token ids outside the vocabulary other than BOS and EOS,
-    /// which llama.cpp also ignores with a warning (see [`GgufTokenizer::from_gguf`]).
-    pub warnings: Vec<String>,
-}
+use crate::loader::LoadedModel;
+use crate::tokenizer::ModelTokenizer;
 
 /// Reads a Llama-architecture model and its tokenizer from the GGUF file at `path`, with the
 /// weights on `device`.
 ///
 /// Semantics: [`crate::gguf::read_content`] parses and checks the header, metadata and tensor
-/// descriptions (once), then [`LlamaModel::from_gguf`] reads the weights and hyper-parameters
-/// and [`GgufTokenizer::from_gguf`] the tokenizer; their warnings end up in
+/// descriptions (once), then the `llama` mapping reads the weights and hyper-parameters (see
+/// [`crate::loader`] for the metadata keys and tensor names)
+/// and [`ModelTokenizer::from_gguf`] the tokenizer; their warnings end up in
 /// [`LoadedModel::warnings`]. The tokenizer may not hold more tokens than the
 /// model's vocabulary (the token embedding's rows); fewer is fine (padded vocabularies).
 ///
@@ -87,8 +75,9 @@ pub fn load_gguf_from<R: Read + Seek>(
     device: &Device,
 ) -> Result<LoadedModel> {
     let content = crate::gguf::read_content(reader, path)?;
-    let model = LlamaModel::from_gguf(&content, reader, path, device)?;
-    let tokenizer = GgufTokenizer::from_gguf(&content).map_err(|e| match e {
+    let mut model =
+        crate::loader::gguf_model::transformer_from_gguf(&content, reader, path, device)?;
+    let tokenizer = ModelTokenizer::from_gguf(&content).map_err(|e| match e {
         EngineError::Tokenizer(message) => invalid(path, format!("tokenizer: {message}")),
         // The tokenizer does not know the file: name it, as the model's messages do.
         EngineError::Unsupported(message) => {
@@ -108,8 +97,9 @@ pub fn load_gguf_from<R: Read + Seek>(
         ));
     }
     let warnings = tokenizer.warnings.clone();
+    model.set_special_ids(tokenizer.bos_token_id, tokenizer.eos_token_ids.clone());
     Ok(LoadedModel {
-        model,
+        model: Box::new(model),
         tokenizer,
         warnings,
     })

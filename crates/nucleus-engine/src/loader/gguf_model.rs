@@ -1,0 +1,423 @@
+//! GGUF arch `llama` onto the [`Transformer`]: hyper-parameters from the `llama.*` metadata,
+//! weights from the tensors (llama.cpp's names), the adjacent-pair RoPE layout GGUF stores.
+
+use std::io::{Read, Seek};
+use std::path::Path;
+
+use candle_core::quantized::{gguf_file, QMatMul, QTensor};
+use candle_core::{DType, Device, Tensor};
+
+use crate::error::{candle_message, quote, EngineError, Result};
+use crate::loader::gguf::{invalid, md_f64, md_str, md_u64, md_usize};
+use crate::models::transformer::{LayerWeights, Linear, ModelConfig, Weights};
+use crate::models::{RopeConfig, RopeLayout, RopeScaling, Transformer};
+
+/// Builds the model from a parsed GGUF file: `content` from
+/// [`crate::gguf::read_content`] (whose checks the tensor reads rely on: offsets, sizes and
+/// types of the tensor descriptions), `reader` the same file (tensor data is read from it),
+/// `path` only for error messages, weights placed on `device`.
+///
+/// Metadata read (required unless a default is given): `general.architecture` (must be
+/// `llama`), `llama.embedding_length`, `llama.block_count`, `llama.attention.head_count`,
+/// `llama.attention.head_count_kv` (default: head_count), `llama.feed_forward_length`,
+/// `llama.context_length`, `llama.attention.layer_norm_rms_epsilon`,
+/// `llama.rope.freq_base` (default 10000), `llama.rope.dimension_count` (default and only
+/// supported value: head_dim). Linear RoPE scaling (`llama.rope.scaling.type = linear`,
+/// `llama.rope.scaling.factor`) divides positions by the factor, and a `rope_freqs.weight`
+/// tensor divides each pair's frequency by its entry, as llama.cpp does.
+///
+/// Tensors (shapes as candle reports them, `[rows, row length]`, ggml's `ne` reversed):
+/// `token_embd.weight [vocab, hidden]`, per block `i` `blk.{i}.attn_norm.weight [hidden]`,
+/// `attn_q [n_head*head_dim, hidden]`, `attn_k`/`attn_v [n_kv_head*head_dim, hidden]`,
+/// `attn_output [hidden, n_head*head_dim]`, `ffn_norm [hidden]`, `ffn_gate`/`ffn_up
+/// [ffn, hidden]`, `ffn_down [hidden, ffn]`, then `output_norm.weight [hidden]` and the
+/// optional `output.weight [vocab, hidden]` (tied to `token_embd.weight` when absent).
+///
+/// Errors: [`EngineError::Unsupported`] for another architecture or a feature we do not run
+/// (MoE, partial or non-linear-scaled RoPE, per-head key/value lengths other than head_dim);
+/// [`EngineError::InvalidModel`] naming `path` and the key or tensor for a missing or
+/// mistyped key, inconsistent hyper-parameters, a missing tensor, a wrong shape, a quantized
+/// row length not divisible by its block size, or tensor data beyond the end of the file.
+pub(crate) fn transformer_from_gguf<R: Read + Seek>(
+    content: &gguf_file::Content,
+    reader: &mut R,
+    path: &Path,
+    device: &Device,
+) -> Result<Transformer> {
+    let _span = tracing::debug_span!("transformer_from_gguf").entered();
+    let required = |key: &str| -> Result<usize> {
+        md_result(path, md_usize(content, key))?
+            .ok_or_else(|| invalid(path, format!("missing metadata key `{key}`")))
+    };
+
+    let arch = md_result(path, md_str(content, "general.architecture"))?
+        .ok_or_else(|| invalid(path, "missing metadata key `general.architecture`"))?;
+    if arch != "llama" {
+        return Err(EngineError::Unsupported(format!(
+            "{}: architecture {} (general.architecture); only `llama` is supported",
+            crate::error::shown_path(path),
+            quote(arch.as_bytes())
+        )));
+    }
+    if md_result(path, md_u64(content, "llama.expert_count"))?.unwrap_or(0) > 1 {
+        return Err(EngineError::Unsupported(format!(
+            "{}: mixture-of-experts llama (llama.expert_count > 1)",
+            crate::error::shown_path(path)
+        )));
+    }
+
+    let hidden_size = required("llama.embedding_length")?;
+    let n_layer = required("llama.block_count")?;
+    let n_head = required("llama.attention.head_count")?;
+    let n_kv_head =
+        md_result(path, md_usize(content, "llama.attention.head_count_kv"))?.unwrap_or(n_head);
+    let ffn_size = required("llama.feed_forward_length")?;
+    let context_length = required("llama.context_length")?;
+    let rms_norm_eps = md_result(
+        path,
+        md_f64(content, "llama.attention.layer_norm_rms_epsilon"),
+    )?
+    .ok_or_else(|| {
+        invalid(
+            path,
+            "missing metadata key `llama.attention.layer_norm_rms_epsilon`",
+        )
+    })?;
+    let rope_theta = md_result(path, md_f64(content, "llama.rope.freq_base"))?.unwrap_or(10_000.0);
+
+    for (key, v) in [
+        ("llama.embedding_length", hidden_size),
+        ("llama.block_count", n_layer),
+        ("llama.attention.head_count", n_head),
+        ("llama.attention.head_count_kv", n_kv_head),
+        ("llama.feed_forward_length", ffn_size),
+        ("llama.context_length", context_length),
+    ] {
+        if v == 0 {
+            return Err(invalid(path, format!("metadata `{key}` is 0")));
+        }
+    }
+    if hidden_size % n_head != 0 {
+        return Err(invalid(
+            path,
+            format!(
+                "llama.embedding_length {hidden_size} is not a multiple of \
+                 llama.attention.head_count {n_head}"
+            ),
+        ));
+    }
+    if n_head % n_kv_head != 0 {
+        return Err(invalid(
+            path,
+            format!(
+                "llama.attention.head_count {n_head} is not a multiple of \
+                 llama.attention.head_count_kv {n_kv_head}"
+            ),
+        ));
+    }
+    let head_dim = hidden_size / n_head;
+    if head_dim % 2 != 0 {
+        return Err(invalid(path, format!("head dimension {head_dim} is odd")));
+    }
+    for key in ["llama.attention.key_length", "llama.attention.value_length"] {
+        if let Some(v) = md_result(path, md_usize(content, key))? {
+            if v != head_dim {
+                return Err(EngineError::Unsupported(format!(
+                    "{}: `{key}` = {v} differs from embedding_length / head_count = {head_dim}",
+                    crate::error::shown_path(path)
+                )));
+            }
+        }
+    }
+    let rope_dim =
+        md_result(path, md_usize(content, "llama.rope.dimension_count"))?.unwrap_or(head_dim);
+    if rope_dim != head_dim {
+        return Err(EngineError::Unsupported(format!(
+            "{}: partial RoPE (llama.rope.dimension_count {rope_dim} != head_dim {head_dim})",
+            crate::error::shown_path(path)
+        )));
+    }
+    if !(rms_norm_eps.is_finite() && rms_norm_eps >= 0.0) {
+        return Err(invalid(
+            path,
+            format!("llama.attention.layer_norm_rms_epsilon is {rms_norm_eps}"),
+        ));
+    }
+    if !(rope_theta.is_finite() && rope_theta > 0.0) {
+        return Err(invalid(
+            path,
+            format!("llama.rope.freq_base is {rope_theta}"),
+        ));
+    }
+    let scaling = match md_result(path, md_str(content, "llama.rope.scaling.type"))? {
+        None | Some("none") => RopeScaling::None,
+        Some("linear") => {
+            let factor =
+                md_result(path, md_f64(content, "llama.rope.scaling.factor"))?.unwrap_or(1.0);
+            if !(factor.is_finite() && factor > 0.0) {
+                return Err(invalid(
+                    path,
+                    format!("llama.rope.scaling.factor is {factor}"),
+                ));
+            }
+            RopeScaling::Linear { factor }
+        }
+        Some(other) => {
+            return Err(EngineError::Unsupported(format!(
+                "{}: RoPE scaling {} (llama.rope.scaling.type)",
+                crate::error::shown_path(path),
+                quote(other.as_bytes())
+            )))
+        }
+    };
+
+    let loader = TensorLoader {
+        content,
+        path,
+        device,
+        used: Default::default(),
+    };
+    // The embedding fixes the vocabulary size.
+    let token_embd_q = loader.load(reader, "token_embd.weight", None, hidden_size)?;
+    let vocab_size = token_embd_q.shape().dims()[0];
+    let token_embd = loader.matmul(token_embd_q, "token_embd.weight")?;
+
+    let q_rows = n_head * head_dim;
+    let kv_rows = n_kv_head * head_dim;
+    let mut layers = Vec::with_capacity(n_layer.min(1024));
+    for i in 0..n_layer {
+        let name = |t: &str| format!("blk.{i}.{t}.weight");
+        let mut linear = |t: &str, rows: usize, cols: usize| -> Result<Linear> {
+            let name = name(t);
+            let q = loader.load(reader, &name, Some(rows), cols)?;
+            Ok(Linear {
+                weight: loader.matmul(q, &name)?,
+                bias: None,
+            })
+        };
+        let attn_q = linear("attn_q", q_rows, hidden_size)?;
+        let attn_k = linear("attn_k", kv_rows, hidden_size)?;
+        let attn_v = linear("attn_v", kv_rows, hidden_size)?;
+        let attn_output = linear("attn_output", hidden_size, q_rows)?;
+        let ffn_gate = linear("ffn_gate", ffn_size, hidden_size)?;
+        let ffn_up = linear("ffn_up", ffn_size, hidden_size)?;
+        let ffn_down = linear("ffn_down", hidden_size, ffn_size)?;
+        let attn_norm = loader.norm(reader, &name("attn_norm"), hidden_size)?;
+        let ffn_norm = loader.norm(reader, &name("ffn_norm"), hidden_size)?;
+        layers.push(LayerWeights {
+            attn_norm,
+            q: attn_q,
+            k: attn_k,
+            v: attn_v,
+            o: attn_output,
+            q_norm: None,
+            k_norm: None,
+            ffn_norm,
+            gate: ffn_gate,
+            up: ffn_up,
+            down: ffn_down,
+        });
+    }
+    let output_norm = loader.norm(reader, "output_norm.weight", hidden_size)?;
+    let output = if content.tensor_infos.contains_key("output.weight") {
+        let q = loader.load(reader, "output.weight", Some(vocab_size), hidden_size)?;
+        Some(loader.matmul(q, "output.weight")?)
+    } else {
+        None
+    };
+
+    // llama.cpp refuses a file holding tensors its model does not use ("wrong number of
+    // tensors"): they are a sign of a corrupt or mislabelled file (`llama.block_count`
+    // below the file's layers). The first of them, in name order, is named.
+    {
+        let used = loader.used.borrow();
+        let mut unused: Vec<&String> = content
+            .tensor_infos
+            .keys()
+            // `rope_freqs.weight` is read below.
+            .filter(|n| !used.contains(*n) && *n != "rope_freqs.weight")
+            .collect();
+        unused.sort();
+        if let Some(first) = unused.first() {
+            return Err(invalid(
+                path,
+                format!(
+                    "tensor {} is not part of a {n_layer}-layer llama model \
+                     (`llama.block_count` {n_layer}); {} of the file's {} tensors are \
+                     unused, which llama.cpp refuses too",
+                    quote(first.as_bytes()),
+                    unused.len(),
+                    content.tensor_infos.len()
+                ),
+            ));
+        }
+    }
+    // llama.cpp's optional per-pair frequency divisors (`freq_factors`).
+    let freq_factors = if content.tensor_infos.contains_key("rope_freqs.weight") {
+        let t = loader.load_1d(reader, "rope_freqs.weight", head_dim / 2)?;
+        let factors = t.to_vec1::<f32>()?;
+        if let Some(bad) = factors.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
+            return Err(invalid(
+                path,
+                format!("tensor `rope_freqs.weight` holds {bad}, not a positive number"),
+            ));
+        }
+        Some(factors)
+    } else {
+        None
+    };
+
+    let weight_dtype = content
+        .tensor_infos
+        .get("blk.0.attn_q.weight")
+        .map_or("f32".to_string(), |t| {
+            format!("{:?}", t.ggml_dtype).to_lowercase()
+        });
+    let config = ModelConfig {
+        architecture: "llama".to_string(),
+        vocab_size,
+        hidden_size,
+        n_layer,
+        n_head,
+        n_kv_head,
+        head_dim,
+        ffn_size,
+        rms_norm_eps,
+        rope: RopeConfig {
+            scaling,
+            freq_factors,
+            ..RopeConfig::new(rope_theta, RopeLayout::Interleaved)
+        },
+        context_length,
+        qkv_bias: false,
+        o_bias: false,
+        qk_norm: false,
+        tie_word_embeddings: output.is_none(),
+        weight_dtype,
+        // Filled in by the loader from the tokenizer metadata.
+        bos_token_id: None,
+        eos_token_ids: Vec::new(),
+    };
+    let weights = Weights {
+        embed: token_embd,
+        layers,
+        norm: output_norm,
+        lm_head: output,
+    };
+    Transformer::new(config, weights, device)
+}
+
+/// A metadata helper's result with its message turned into `InvalidModel` for `path`.
+fn md_result<T>(path: &Path, r: std::result::Result<T, String>) -> Result<T> {
+    r.map_err(|m| invalid(path, m))
+}
+
+/// Reads tensors with the checks of [`Transformer::from_gguf`].
+struct TensorLoader<'a> {
+    content: &'a gguf_file::Content,
+    path: &'a Path,
+    device: &'a Device,
+    /// The tensors read so far: every tensor of the file must be one of the model's.
+    used: std::cell::RefCell<std::collections::HashSet<String>>,
+}
+
+impl TensorLoader<'_> {
+    /// Reads the 2-D tensor `name`, checking it has `rows` rows (any when `None`, but at least
+    /// one) of `cols` values, that quantized rows are whole blocks, and that its data lies
+    /// within the file.
+    fn load<R: Read + Seek>(
+        &self,
+        reader: &mut R,
+        name: &str,
+        rows: Option<usize>,
+        cols: usize,
+    ) -> Result<QTensor> {
+        let info = self.info(name)?;
+        let dims = info.shape.dims();
+        let ok = matches!(dims, [r, c] if *c == cols && rows.map_or(*r > 0, |rows| *r == rows));
+        if !ok {
+            let expected = match rows {
+                Some(rows) => format!("[{rows}, {cols}]"),
+                None => format!("[vocab, {cols}]"),
+            };
+            return Err(invalid(
+                self.path,
+                format!("tensor `{name}` has shape {dims:?}, expected {expected}"),
+            ));
+        }
+        let block = info.ggml_dtype.block_size();
+        if !cols.is_multiple_of(block) {
+            return Err(invalid(
+                self.path,
+                format!(
+                    "tensor `{name}`: row length {cols} is not a multiple of the {:?} block size \
+                     {block}",
+                    info.ggml_dtype
+                ),
+            ));
+        }
+        self.read(reader, name, dims)
+    }
+
+    /// Reads the 1-D tensor `name` of `len` values as an f32 tensor.
+    fn load_1d<R: Read + Seek>(&self, reader: &mut R, name: &str, len: usize) -> Result<Tensor> {
+        let info = self.info(name)?;
+        let dims = info.shape.dims();
+        if dims != [len] {
+            return Err(invalid(
+                self.path,
+                format!("tensor `{name}` has shape {dims:?}, expected [{len}]"),
+            ));
+        }
+        let q = self.read(reader, name, dims)?;
+        q.dequantize(self.device)?
+            .to_dtype(DType::F32)
+            .map_err(EngineError::from)
+    }
+
+    /// A norm weight `[hidden]`, as f32.
+    fn norm<R: Read + Seek>(&self, reader: &mut R, name: &str, hidden: usize) -> Result<Tensor> {
+        self.load_1d(reader, name, hidden)
+    }
+
+    fn info(&self, name: &str) -> Result<&gguf_file::TensorInfo> {
+        self.content
+            .tensor_infos
+            .get(name)
+            .ok_or_else(|| invalid(self.path, format!("missing tensor `{name}`")))
+    }
+
+    /// Reads tensor data after checking that its byte size does not overflow (candle then checks
+    /// it against the file's length).
+    fn read<R: Read + Seek>(&self, reader: &mut R, name: &str, dims: &[usize]) -> Result<QTensor> {
+        let info = self.info(name)?;
+        self.used.borrow_mut().insert(name.to_string());
+        let elems = dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
+        let fits = elems
+            .and_then(|e| {
+                (e / info.ggml_dtype.block_size()).checked_mul(info.ggml_dtype.type_size())
+            })
+            .is_some();
+        if !fits {
+            return Err(invalid(
+                self.path,
+                format!("tensor `{name}` of shape {dims:?} is too large"),
+            ));
+        }
+        self.content.tensor(reader, name, self.device).map_err(|e| {
+            invalid(
+                self.path,
+                format!("tensor `{name}`: {}", candle_message(&e)),
+            )
+        })
+    }
+
+    fn matmul(&self, q: QTensor, name: &str) -> Result<QMatMul> {
+        QMatMul::from_qtensor(q).map_err(|e| {
+            invalid(
+                self.path,
+                format!("tensor `{name}`: {}", candle_message(&e)),
+            )
+        })
+    }
+}

@@ -1,0 +1,951 @@
+//! Hugging Face model folders: `config.json`, safetensors weights, `tokenizer.json`,
+//! `tokenizer_config.json` and `generation_config.json`, read as transformers reads them.
+//!
+//! # Families (`model_type`)
+//! | `model_type` | transformers class | attention biases | q/k norm |
+//! |---|---|---|---|
+//! | `llama` | `LlamaForCausalLM` (`models/llama/modeling_llama.py`) | q, k, v, o when `attention_bias` | no |
+//! | `qwen2` | `Qwen2ForCausalLM` (`models/qwen2/modeling_qwen2.py`) | q, k, v always; o never | no |
+//! | `qwen3` | `Qwen3ForCausalLM` (`models/qwen3/modeling_qwen3.py`) | q, k, v, o when `attention_bias` | `q_norm`, `k_norm` over `head_dim` |
+//!
+//! # config.json
+//! Read: `model_type`, `vocab_size`, `hidden_size`, `intermediate_size`, `num_hidden_layers`,
+//! `num_attention_heads`, `num_key_value_heads` (default `num_attention_heads`), `head_dim`
+//! (default `hidden_size / num_attention_heads`), `max_position_embeddings`, `rms_norm_eps`,
+//! `tie_word_embeddings` (default false), `attention_bias` (default false), `hidden_act` (must be
+//! `silu`), `mlp_bias` (must be false), `use_sliding_window` (must be false),
+//! `partial_rotary_factor` (must be 1), `bos_token_id`, `eos_token_id`, `torch_dtype` / `dtype`.
+//! RoPE: transformers 4's `rope_theta` (default 10000) and `rope_scaling`, or transformers 5's
+//! `rope_parameters` (holding `rope_theta` too); `rope_type` (or the older `type`) `default`,
+//! `linear`, `llama3` or `yarn` (see [`crate::models::rope`]); any other is
+//! [`EngineError::Unsupported`] naming the field.
+//!
+//! # Weights
+//! `model.safetensors`, or the shards named by `model.safetensors.index.json`'s `weight_map`;
+//! memory-mapped, f32 / f16 / bf16, converted to f32 at load. Tensor names are transformers':
+//! `model.embed_tokens.weight`, `model.layers.{i}.input_layernorm.weight`,
+//! `model.layers.{i}.self_attn.{q,k,v,o}_proj.{weight,bias}`,
+//! `model.layers.{i}.self_attn.{q,k}_norm.weight`, `model.layers.{i}.post_attention_layernorm.weight`,
+//! `model.layers.{i}.mlp.{gate,up,down}_proj.weight`, `model.norm.weight`, `lm_head.weight`
+//! (read only when the embeddings are not tied, as transformers ties them).
+//!
+//! # Tokenizer
+//! `tokenizer.json` through the `tokenizers` crate, as it is. For `tokenizer_class`
+//! `LlamaTokenizer` / `LlamaTokenizerFast` (Llama 2), `tokenizer_config.json`'s `add_bos_token`
+//! (default true) and `add_eos_token` (default false) set the post-processor, as
+//! `LlamaTokenizerFast.update_post_processor` does; other classes (Llama 3's and Qwen's
+//! `PreTrainedTokenizerFast` / `Qwen2TokenizerFast`) keep tokenizer.json's post-processor. BOS:
+//! config.json's `bos_token_id`, else tokenizer_config.json's `bos_token`. EOS (a list):
+//! generation_config.json's `eos_token_id` (a number or a list), else config.json's, else
+//! tokenizer_config.json's `eos_token`.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::QMatMul;
+use candle_core::safetensors::{Load, MmapedSafetensors};
+use candle_core::{DType, Device, Tensor};
+use serde_json::Value;
+use tokenizers::Tokenizer;
+
+use crate::error::{bounded, candle_message, quote, shown_path, EngineError, Result};
+use crate::loader::LoadedModel;
+use crate::models::rope::yarn_mscale;
+use crate::models::transformer::{LayerWeights, Linear, ModelConfig, Weights};
+use crate::models::{RopeConfig, RopeLayout, RopeScaling, Transformer};
+use crate::tokenizer::{bos_eos_template, ModelTokenizer, TokenizerKind};
+
+/// The `model_type`s [`load_hf_folder`] runs.
+pub const SUPPORTED_MODEL_TYPES: [&str; 3] = ["llama", "qwen2", "qwen3"];
+
+/// The most bytes of a JSON file of a model folder we read (config, index, tokenizer config):
+/// real ones are at most a few MB (a sharded index of a large model ~100 KB).
+const MAX_JSON_BYTES: u64 = 64 << 20;
+
+/// Loads the model, tokenizer and special ids of the Hugging Face folder `dir` onto `device`
+/// (see the module docs for what is read).
+///
+/// # Errors
+/// - [`EngineError::InvalidModel`] naming the file and the field or tensor: a missing or
+///   unreadable `config.json` or `tokenizer.json`, a field of the wrong type or out of range,
+///   inconsistent hyper-parameters, a folder without weights (`model.safetensors` or
+///   `model.safetensors.index.json`), an index naming a missing file or a tensor a shard does
+///   not hold, a missing tensor, a tensor of the wrong shape (name, expected, found) or dtype
+///   (f32, f16, bf16 only), a corrupt safetensors file, a tokenizer with more ids than the
+///   embedding has rows, special ids outside the vocabulary.
+/// - [`EngineError::Unsupported`]: a `model_type` we do not run (the message lists the
+///   supported ones), a `rope_type` other than default / linear / llama3 / yarn, sliding-window
+///   attention, an activation other than SiLU, MLP biases, partial RoPE.
+pub fn load_hf_folder(dir: &Path, device: &Device) -> Result<LoadedModel> {
+    let _span = tracing::debug_span!("load_hf_folder", dir = %dir.display()).entered();
+    let config_path = dir.join("config.json");
+    let config = read_json(&config_path, "the model's configuration")?;
+    let cfg = Json {
+        path: &config_path,
+        value: &config,
+    };
+    let mut warnings = Vec::new();
+    let mut model_config = model_config(&cfg)?;
+
+    let weights_files = weight_files(dir)?;
+    // SAFETY: the files are mapped read-only; as with every mmap, a concurrent truncation of a
+    // file by another process would fault (memmap2's documented caveat, as for candle and
+    // transformers' safetensors loading).
+    let st = unsafe { MmapedSafetensors::multi(&weights_files.files) }.map_err(|e| {
+        invalid(
+            &weights_files.files[0],
+            format!("not a readable safetensors file: {}", candle_message(&e)),
+        )
+    })?;
+    let reader = TensorReader {
+        st: &st,
+        dir,
+        index: weights_files.index.as_ref(),
+        device,
+        used: Default::default(),
+    };
+    let weights = read_weights(&reader, &mut model_config)?;
+    let unused = reader.unused();
+    if let Some(first) = unused.first() {
+        warnings.push(bounded(format!(
+            "{}: {} tensor(s) of the checkpoint are not used by a {} model (first: {}), as \
+             transformers ignores them",
+            shown_path(dir),
+            unused.len(),
+            model_config.architecture,
+            quote(first.as_bytes())
+        )));
+    }
+
+    let tokenizer = read_tokenizer(dir, &cfg, &model_config)?;
+    model_config.bos_token_id = tokenizer.bos_token_id;
+    model_config.eos_token_ids = tokenizer.eos_token_ids.clone();
+    let model = Transformer::new(model_config, weights, device)?;
+    Ok(LoadedModel {
+        model: Box::new(model),
+        tokenizer,
+        warnings,
+    })
+}
+
+/// A JSON document and the file it came from, for messages.
+struct Json<'a> {
+    path: &'a Path,
+    value: &'a Value,
+}
+
+impl Json<'_> {
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.value.get(key).filter(|v| !v.is_null())
+    }
+
+    fn err(&self, message: impl Into<String>) -> EngineError {
+        invalid(self.path, message)
+    }
+
+    /// A required positive integer.
+    fn usize(&self, key: &str) -> Result<usize> {
+        self.opt_usize(key)?
+            .ok_or_else(|| self.err(format!("missing field `{key}`")))
+    }
+
+    /// An optional positive integer (null counts as absent).
+    fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => match v.as_u64().and_then(|v| usize::try_from(v).ok()) {
+                Some(0) => Err(self.err(format!("field `{key}` is 0"))),
+                Some(n) => Ok(Some(n)),
+                None => Err(self.err(format!(
+                    "field `{key}` is {}, expected a positive integer",
+                    describe(v)
+                ))),
+            },
+        }
+    }
+
+    fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
+        opt_f64_in(self, self.value, key, key)
+    }
+
+    fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(self.err(format!(
+                "field `{key}` is {}, expected true or false",
+                describe(v)
+            ))),
+        }
+    }
+
+    fn opt_str(&self, key: &str) -> Result<Option<&str>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(v) => Err(self.err(format!(
+                "field `{key}` is {}, expected a string",
+                describe(v)
+            ))),
+        }
+    }
+}
+
+/// `object[key]` as a finite f64, named `shown` in messages.
+fn opt_f64_in(json: &Json<'_>, object: &Value, key: &str, shown: &str) -> Result<Option<f64>> {
+    match object.get(key).filter(|v| !v.is_null()) {
+        None => Ok(None),
+        Some(v) => match v.as_f64().filter(|f| f.is_finite()) {
+            Some(f) => Ok(Some(f)),
+            None => Err(json.err(format!(
+                "field `{shown}` is {}, expected a number",
+                describe(v)
+            ))),
+        },
+    }
+}
+
+/// A JSON value described in a few words for messages (strings quoted and cut).
+fn describe(v: &Value) -> String {
+    match v {
+        Value::Null => "null".to_string(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => format!("the string {}", quote(s.as_bytes())),
+        Value::Array(a) => format!("an array of {} values", a.len()),
+        Value::Object(_) => "an object".to_string(),
+    }
+}
+
+/// `InvalidModel` for `path`, message bounded.
+fn invalid(path: &Path, message: impl Into<String>) -> EngineError {
+    EngineError::InvalidModel {
+        path: path.to_path_buf(),
+        message: bounded(message),
+    }
+}
+
+fn unsupported(path: &Path, message: impl std::fmt::Display) -> EngineError {
+    EngineError::Unsupported(bounded(format!("{}: {message}", shown_path(path))))
+}
+
+/// Reads and parses a JSON file of at most [`MAX_JSON_BYTES`]; `what` names it in messages.
+fn read_json(path: &Path, what: &str) -> Result<Value> {
+    let meta = std::fs::metadata(path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            invalid(
+                path,
+                format!("missing: a Hugging Face model folder needs {what} here"),
+            )
+        } else {
+            EngineError::Io {
+                path: path.to_path_buf(),
+                source: e,
+            }
+        }
+    })?;
+    if !meta.is_file() {
+        return Err(invalid(path, "not a regular file"));
+    }
+    if meta.len() > MAX_JSON_BYTES {
+        return Err(invalid(
+            path,
+            format!(
+                "{} bytes, more than the {MAX_JSON_BYTES} a model folder's JSON file may have",
+                meta.len()
+            ),
+        ));
+    }
+    let bytes = std::fs::read(path).map_err(|source| EngineError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| invalid(path, format!("not valid JSON: {e}")))
+}
+
+/// An optional JSON file: `Ok(None)` when it does not exist.
+fn read_optional_json(path: &Path, what: &str) -> Result<Option<Value>> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    read_json(path, what).map(Some)
+}
+
+/// The [`ModelConfig`] of config.json (vocabulary size, special ids and weight dtype are
+/// completed from the weights and the tokenizer).
+fn model_config(cfg: &Json<'_>) -> Result<ModelConfig> {
+    let model_type = match cfg.get("model_type") {
+        Some(Value::String(s)) => s.as_str(),
+        Some(v) => {
+            return Err(cfg.err(format!(
+                "field `model_type` is {}, expected a string",
+                describe(v)
+            )))
+        }
+        None => {
+            return Err(cfg.err(format!(
+                "missing field `model_type` (one of {})",
+                SUPPORTED_MODEL_TYPES.join(", ")
+            )))
+        }
+    };
+    if !SUPPORTED_MODEL_TYPES.contains(&model_type) {
+        return Err(unsupported(
+            cfg.path,
+            format!(
+                "model_type {} is not supported; supported: {}",
+                quote(model_type.as_bytes()),
+                SUPPORTED_MODEL_TYPES.join(", ")
+            ),
+        ));
+    }
+    let hidden_size = cfg.usize("hidden_size")?;
+    let ffn_size = cfg.usize("intermediate_size")?;
+    let n_layer = cfg.usize("num_hidden_layers")?;
+    let n_head = cfg.usize("num_attention_heads")?;
+    let n_kv_head = cfg.opt_usize("num_key_value_heads")?.unwrap_or(n_head);
+    let vocab_size = cfg.usize("vocab_size")?;
+    let context_length = cfg.usize("max_position_embeddings")?;
+    let rms_norm_eps = cfg
+        .opt_f64("rms_norm_eps")?
+        .ok_or_else(|| cfg.err("missing field `rms_norm_eps`"))?;
+    if rms_norm_eps < 0.0 {
+        return Err(cfg.err(format!("field `rms_norm_eps` is {rms_norm_eps}, negative")));
+    }
+    if n_head % n_kv_head != 0 {
+        return Err(cfg.err(format!(
+            "num_attention_heads {n_head} is not a multiple of num_key_value_heads {n_kv_head}"
+        )));
+    }
+    let head_dim = match cfg.opt_usize("head_dim")? {
+        Some(d) => d,
+        None => {
+            if hidden_size % n_head != 0 {
+                return Err(cfg.err(format!(
+                    "hidden_size {hidden_size} is not a multiple of num_attention_heads {n_head} \
+                     and no head_dim is given"
+                )));
+            }
+            hidden_size / n_head
+        }
+    };
+    if head_dim % 2 != 0 {
+        return Err(cfg.err(format!(
+            "head dimension {head_dim} is odd (RoPE rotates pairs)"
+        )));
+    }
+    // Sizes whose product would overflow the tensors are refused before any allocation.
+    for (what, a, b) in [
+        ("num_attention_heads * head_dim", n_head, head_dim),
+        ("vocab_size * hidden_size", vocab_size, hidden_size),
+        ("intermediate_size * hidden_size", ffn_size, hidden_size),
+    ] {
+        if a.checked_mul(b).is_none_or(|p| p > (1usize << 40)) {
+            return Err(cfg.err(format!("{what} = {a} * {b} is too large")));
+        }
+    }
+
+    if let Some(act) = cfg.opt_str("hidden_act")? {
+        if act != "silu" {
+            return Err(unsupported(
+                cfg.path,
+                format!(
+                    "hidden_act {} (only \"silu\", SwiGLU, is supported)",
+                    quote(act.as_bytes())
+                ),
+            ));
+        }
+    }
+    if cfg.opt_bool("mlp_bias")? == Some(true) {
+        return Err(unsupported(cfg.path, "mlp_bias: true (MLP biases)"));
+    }
+    if cfg.opt_bool("use_sliding_window")? == Some(true) {
+        return Err(unsupported(
+            cfg.path,
+            "use_sliding_window: true (sliding-window attention)",
+        ));
+    }
+    if let Some(f) = cfg.opt_f64("partial_rotary_factor")? {
+        if f != 1.0 {
+            return Err(unsupported(
+                cfg.path,
+                format!("partial_rotary_factor {f} (partial RoPE)"),
+            ));
+        }
+    }
+    let attention_bias = cfg.opt_bool("attention_bias")?.unwrap_or(false);
+    let (qkv_bias, o_bias, qk_norm) = match model_type {
+        "qwen2" => (true, false, false),
+        "qwen3" => (attention_bias, attention_bias, true),
+        _ => (attention_bias, attention_bias, false),
+    };
+    let rope = rope_config(cfg, context_length)?;
+    let weight_dtype = cfg
+        .opt_str("torch_dtype")?
+        .or(cfg.opt_str("dtype")?)
+        .unwrap_or("unknown")
+        .to_string();
+    Ok(ModelConfig {
+        architecture: model_type.to_string(),
+        vocab_size,
+        hidden_size,
+        n_layer,
+        n_head,
+        n_kv_head,
+        head_dim,
+        ffn_size,
+        rms_norm_eps,
+        rope,
+        context_length,
+        qkv_bias,
+        o_bias,
+        qk_norm,
+        tie_word_embeddings: cfg.opt_bool("tie_word_embeddings")?.unwrap_or(false),
+        weight_dtype,
+        bos_token_id: None,
+        eos_token_ids: Vec::new(),
+    })
+}
+
+/// The RoPE of config.json: transformers 4's `rope_theta` + `rope_scaling`, or transformers 5's
+/// `rope_parameters`.
+fn rope_config(cfg: &Json<'_>, max_position_embeddings: usize) -> Result<RopeConfig> {
+    let (params, field) = match (cfg.get("rope_parameters"), cfg.get("rope_scaling")) {
+        (Some(p), _) => (Some(p), "rope_parameters"),
+        (None, Some(s)) => (Some(s), "rope_scaling"),
+        (None, None) => (None, "rope_scaling"),
+    };
+    if let Some(p) = params {
+        if !p.is_object() {
+            return Err(cfg.err(format!(
+                "field `{field}` is {}, expected an object",
+                describe(p)
+            )));
+        }
+    }
+    let theta = match params
+        .and_then(|p| p.get("rope_theta"))
+        .filter(|v| !v.is_null())
+    {
+        Some(_) => opt_f64_in(
+            cfg,
+            params.expect("checked"),
+            "rope_theta",
+            &format!("{field}.rope_theta"),
+        )?,
+        None => cfg.opt_f64("rope_theta")?,
+    }
+    .unwrap_or(10_000.0);
+    if theta.is_nan() || theta <= 0.0 {
+        return Err(cfg.err(format!("rope_theta is {theta}, not positive")));
+    }
+    let mut rope = RopeConfig::new(theta, RopeLayout::RotateHalf);
+    let Some(p) = params else {
+        return Ok(rope);
+    };
+    let rope_type = match p.get("rope_type").or_else(|| p.get("type")) {
+        None | Some(Value::Null) => "default",
+        Some(Value::String(s)) => s.as_str(),
+        Some(v) => {
+            return Err(cfg.err(format!(
+                "field `{field}.rope_type` is {}, expected a string",
+                describe(v)
+            )))
+        }
+    };
+    let num = |key: &str| opt_f64_in(cfg, p, key, &format!("{field}.{key}"));
+    let positive = |key: &str, v: Option<f64>| -> Result<f64> {
+        match v {
+            Some(v) if v > 0.0 => Ok(v),
+            Some(v) => Err(cfg.err(format!("field `{field}.{key}` is {v}, not positive"))),
+            None => Err(cfg.err(format!(
+                "missing field `{field}.{key}` (needed by rope_type {rope_type:?})"
+            ))),
+        }
+    };
+    rope.scaling = match rope_type {
+        "default" => RopeScaling::None,
+        "linear" => RopeScaling::Linear {
+            factor: positive("factor", num("factor")?)?,
+        },
+        "llama3" => {
+            let low = positive("low_freq_factor", num("low_freq_factor")?)?;
+            let high = positive("high_freq_factor", num("high_freq_factor")?)?;
+            if high <= low {
+                return Err(cfg.err(format!(
+                    "{field}.high_freq_factor {high} is not above low_freq_factor {low}"
+                )));
+            }
+            RopeScaling::Llama3 {
+                factor: positive("factor", num("factor")?)?,
+                low_freq_factor: low,
+                high_freq_factor: high,
+                original_max_position_embeddings: positive(
+                    "original_max_position_embeddings",
+                    num("original_max_position_embeddings")?,
+                )?,
+            }
+        }
+        "yarn" => {
+            let original = match num("original_max_position_embeddings")? {
+                Some(v) => positive("original_max_position_embeddings", Some(v))?,
+                None => max_position_embeddings as f64,
+            };
+            let factor = match num("factor")? {
+                Some(v) => positive("factor", Some(v))?,
+                None => max_position_embeddings as f64 / original,
+            };
+            let attention_factor = match num("attention_factor")? {
+                Some(a) => a,
+                None => match (num("mscale")?, num("mscale_all_dim")?) {
+                    (Some(m), Some(m_all)) if m != 0.0 && m_all != 0.0 => {
+                        yarn_mscale(factor, m) / yarn_mscale(factor, m_all)
+                    }
+                    _ => yarn_mscale(factor, 1.0),
+                },
+            };
+            let truncate = match p.get("truncate") {
+                None | Some(Value::Null) => true,
+                Some(Value::Bool(b)) => *b,
+                Some(v) => {
+                    return Err(cfg.err(format!(
+                        "field `{field}.truncate` is {}, expected true or false",
+                        describe(v)
+                    )))
+                }
+            };
+            // transformers: `beta_fast or 32`, `beta_slow or 1` (0 also means the default).
+            let beta = |key: &str, default: f64| -> Result<f64> {
+                Ok(num(key)?.filter(|&b| b != 0.0).unwrap_or(default))
+            };
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings: original,
+                beta_fast: beta("beta_fast", 32.0)?,
+                beta_slow: beta("beta_slow", 1.0)?,
+                attention_factor,
+                truncate,
+            }
+        }
+        other => {
+            return Err(unsupported(
+                cfg.path,
+                format!(
+                    "{field}.rope_type {} is not supported (supported: default, linear, llama3, \
+                     yarn)",
+                    quote(other.as_bytes())
+                ),
+            ))
+        }
+    };
+    Ok(rope)
+}
+
+/// The safetensors files of a folder, and the index that named them.
+struct WeightFiles {
+    files: Vec<PathBuf>,
+    /// `model.safetensors.index.json`'s `weight_map` (tensor → file name), when sharded.
+    index: Option<BTreeMap<String, String>>,
+}
+
+/// `model.safetensors`, or the shards of `model.safetensors.index.json`.
+fn weight_files(dir: &Path) -> Result<WeightFiles> {
+    let index_path = dir.join("model.safetensors.index.json");
+    if let Some(index) = read_optional_json(&index_path, "the shard index")? {
+        let json = Json {
+            path: &index_path,
+            value: &index,
+        };
+        let Some(Value::Object(map)) = index.get("weight_map") else {
+            return Err(json.err("missing object `weight_map` (tensor name → shard file)"));
+        };
+        let mut weight_map = BTreeMap::new();
+        let mut files: Vec<PathBuf> = Vec::new();
+        let mut seen = HashSet::new();
+        for (tensor, file) in map {
+            let Value::String(file) = file else {
+                return Err(json.err(format!(
+                    "weight_map[{}] is {}, expected a file name",
+                    quote(tensor.as_bytes()),
+                    describe(file)
+                )));
+            };
+            // A shard is a file of this folder, never a path elsewhere.
+            if file.contains('/') || file.contains('\\') || file == ".." || file.is_empty() {
+                return Err(json.err(format!(
+                    "weight_map[{}] names {}, not a file of this folder",
+                    quote(tensor.as_bytes()),
+                    quote(file.as_bytes())
+                )));
+            }
+            if seen.insert(file.clone()) {
+                let path = dir.join(file);
+                if !path.is_file() {
+                    return Err(json.err(format!(
+                        "weight_map names the shard {} (for tensor {}), which is missing",
+                        quote(file.as_bytes()),
+                        quote(tensor.as_bytes())
+                    )));
+                }
+                files.push(path);
+            }
+            weight_map.insert(tensor.clone(), file.clone());
+        }
+        if files.is_empty() {
+            return Err(json.err("weight_map is empty"));
+        }
+        return Ok(WeightFiles {
+            files,
+            index: Some(weight_map),
+        });
+    }
+    let single = dir.join("model.safetensors");
+    if single.is_file() {
+        return Ok(WeightFiles {
+            files: vec![single],
+            index: None,
+        });
+    }
+    let other = [
+        "pytorch_model.bin",
+        "model.pt",
+        "pytorch_model.bin.index.json",
+    ]
+    .into_iter()
+    .find(|f| dir.join(f).exists());
+    Err(invalid(
+        dir,
+        match other {
+            Some(f) => format!(
+                "no model.safetensors or model.safetensors.index.json (the weights); {f} is a \
+                 PyTorch pickle, which nucleus does not read: convert it to safetensors"
+            ),
+            None => "no model.safetensors or model.safetensors.index.json: the folder has no \
+                     weights"
+                .to_string(),
+        },
+    ))
+}
+
+/// Reads tensors by name with the shape and dtype checks of [`load_hf_folder`].
+struct TensorReader<'a> {
+    st: &'a MmapedSafetensors,
+    dir: &'a Path,
+    index: Option<&'a BTreeMap<String, String>>,
+    device: &'a Device,
+    used: std::cell::RefCell<HashSet<String>>,
+}
+
+impl TensorReader<'_> {
+    fn has(&self, name: &str) -> bool {
+        self.st.get(name).is_ok()
+    }
+
+    /// The tensor `name` of shape `shape` as f32.
+    fn read(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let view = self.st.get(name).map_err(|_| {
+            let message = match self.index.and_then(|i| i.get(name)) {
+                Some(file) => format!(
+                    "missing tensor {}: model.safetensors.index.json puts it in {}, which does \
+                     not hold it",
+                    quote(name.as_bytes()),
+                    quote(file.as_bytes())
+                ),
+                None => format!("missing tensor {}", quote(name.as_bytes())),
+            };
+            invalid(self.dir, message)
+        })?;
+        self.used.borrow_mut().insert(name.to_string());
+        if view.shape() != shape {
+            return Err(invalid(
+                self.dir,
+                format!(
+                    "tensor {} has shape {:?}, expected {shape:?}",
+                    quote(name.as_bytes()),
+                    view.shape()
+                ),
+            ));
+        }
+        use safetensors::Dtype;
+        if !matches!(view.dtype(), Dtype::F32 | Dtype::F16 | Dtype::BF16) {
+            return Err(invalid(
+                self.dir,
+                format!(
+                    "tensor {} has dtype {:?}; f32, f16 and bf16 are supported",
+                    quote(name.as_bytes()),
+                    view.dtype()
+                ),
+            ));
+        }
+        let t = view.load(self.device).map_err(|e| {
+            invalid(
+                self.dir,
+                format!("tensor {}: {}", quote(name.as_bytes()), candle_message(&e)),
+            )
+        })?;
+        Ok(t.to_dtype(DType::F32)?)
+    }
+
+    fn linear(&self, prefix: &str, out: usize, inp: usize, bias: bool) -> Result<Linear> {
+        let weight = self.read(&format!("{prefix}.weight"), &[out, inp])?;
+        let bias = if bias {
+            Some(self.read(&format!("{prefix}.bias"), &[out])?)
+        } else {
+            None
+        };
+        Ok(Linear {
+            weight: QMatMul::Tensor(weight),
+            bias,
+        })
+    }
+
+    /// The checkpoint's tensors that were not read, sorted (`rotary_emb.inv_freq` buffers of
+    /// older checkpoints left out: transformers recomputes them too).
+    fn unused(&self) -> Vec<String> {
+        let used = self.used.borrow();
+        let mut unused: Vec<String> = self
+            .st
+            .tensors()
+            .into_iter()
+            .map(|(name, _)| name)
+            .filter(|n| !used.contains(n) && !n.ends_with("rotary_emb.inv_freq"))
+            .collect();
+        unused.sort();
+        unused
+    }
+}
+
+/// Every weight of the model; completes `config.weight_dtype` from the embedding's dtype.
+fn read_weights(r: &TensorReader<'_>, config: &mut ModelConfig) -> Result<Weights> {
+    let c = config.clone();
+    let embed_name = "model.embed_tokens.weight";
+    if let Ok(view) = r.st.get(embed_name) {
+        config.weight_dtype = format!("{:?}", view.dtype()).to_lowercase();
+    }
+    let embed = r.read(embed_name, &[c.vocab_size, c.hidden_size])?;
+    let q_rows = c.n_head * c.head_dim;
+    let kv_rows = c.n_kv_head * c.head_dim;
+    let mut layers = Vec::with_capacity(c.n_layer.min(1024));
+    for i in 0..c.n_layer {
+        let p = format!("model.layers.{i}");
+        let norm = |name: &str, len: usize| r.read(&format!("{p}.{name}.weight"), &[len]);
+        let attn = format!("{p}.self_attn");
+        let mlp = format!("{p}.mlp");
+        layers.push(LayerWeights {
+            attn_norm: norm("input_layernorm", c.hidden_size)?,
+            q: r.linear(&format!("{attn}.q_proj"), q_rows, c.hidden_size, c.qkv_bias)?,
+            k: r.linear(
+                &format!("{attn}.k_proj"),
+                kv_rows,
+                c.hidden_size,
+                c.qkv_bias,
+            )?,
+            v: r.linear(
+                &format!("{attn}.v_proj"),
+                kv_rows,
+                c.hidden_size,
+                c.qkv_bias,
+            )?,
+            o: r.linear(&format!("{attn}.o_proj"), c.hidden_size, q_rows, c.o_bias)?,
+            q_norm: if c.qk_norm {
+                Some(norm("self_attn.q_norm", c.head_dim)?)
+            } else {
+                None
+            },
+            k_norm: if c.qk_norm {
+                Some(norm("self_attn.k_norm", c.head_dim)?)
+            } else {
+                None
+            },
+            ffn_norm: norm("post_attention_layernorm", c.hidden_size)?,
+            gate: r.linear(
+                &format!("{mlp}.gate_proj"),
+                c.ffn_size,
+                c.hidden_size,
+                false,
+            )?,
+            up: r.linear(&format!("{mlp}.up_proj"), c.ffn_size, c.hidden_size, false)?,
+            down: r.linear(
+                &format!("{mlp}.down_proj"),
+                c.hidden_size,
+                c.ffn_size,
+                false,
+            )?,
+        });
+    }
+    let norm = r.read("model.norm.weight", &[c.hidden_size])?;
+    let lm_head = if c.tie_word_embeddings {
+        // transformers ties the head to the embedding and ignores a saved copy.
+        if r.has("lm_head.weight") {
+            r.used.borrow_mut().insert("lm_head.weight".to_string());
+        }
+        None
+    } else {
+        Some(QMatMul::Tensor(
+            r.read("lm_head.weight", &[c.vocab_size, c.hidden_size])
+                .map_err(|e| match e {
+                    EngineError::InvalidModel { path, message }
+                        if message.starts_with("missing") =>
+                    {
+                        EngineError::InvalidModel {
+                            path,
+                            message: format!(
+                                "{message} (config.json has tie_word_embeddings false or unset, \
+                                 so the LM head is its own tensor)"
+                            ),
+                        }
+                    }
+                    other => other,
+                })?,
+        ))
+    };
+    Ok(Weights {
+        embed: QMatMul::Tensor(embed),
+        layers,
+        norm,
+        lm_head,
+    })
+}
+
+/// A special token of tokenizer_config.json (`"bos_token": "<s>"` or
+/// `{"content": "<s>", ...}`), as its text.
+fn special_token_text(v: &Value) -> Option<&str> {
+    match v {
+        Value::String(s) => Some(s),
+        Value::Object(o) => o.get("content").and_then(Value::as_str),
+        _ => None,
+    }
+}
+
+/// `eos_token_id` as a list: a number or an array of numbers.
+fn id_list(json: &Json<'_>, key: &str) -> Result<Option<Vec<u32>>> {
+    let Some(v) = json.get(key) else {
+        return Ok(None);
+    };
+    let one = |v: &Value| v.as_u64().and_then(|n| u32::try_from(n).ok());
+    let ids = match v {
+        Value::Array(a) => a.iter().map(one).collect::<Option<Vec<u32>>>(),
+        other => one(other).map(|id| vec![id]),
+    };
+    ids.map(Some).ok_or_else(|| {
+        json.err(format!(
+            "field `{key}` is {}, expected a token id or a list of them",
+            describe(v)
+        ))
+    })
+}
+
+/// tokenizer.json with the post-processor transformers would use, and the special ids.
+fn read_tokenizer(dir: &Path, cfg: &Json<'_>, model: &ModelConfig) -> Result<ModelTokenizer> {
+    let path = dir.join("tokenizer.json");
+    let meta = std::fs::metadata(&path).map_err(|_| {
+        invalid(
+            &path,
+            "missing: a Hugging Face model folder needs its tokenizer here (nucleus reads \
+             tokenizer.json, not the slow tokenizer's files)",
+        )
+    })?;
+    if !meta.is_file() {
+        return Err(invalid(&path, "not a regular file"));
+    }
+    let mut tokenizer = Tokenizer::from_file(&path).map_err(|e| {
+        invalid(
+            &path,
+            format!("not a tokenizer the tokenizers crate reads: {e}"),
+        )
+    })?;
+    let n_ids = tokenizer.get_vocab_size(true);
+    if n_ids > model.vocab_size {
+        return Err(invalid(
+            &path,
+            format!(
+                "the tokenizer has {n_ids} ids but the embedding (model.embed_tokens.weight) has \
+                 {} rows",
+                model.vocab_size
+            ),
+        ));
+    }
+
+    let tc_path = dir.join("tokenizer_config.json");
+    let tc_value = read_optional_json(&tc_path, "the tokenizer configuration")?;
+    let null = Value::Null;
+    let tc = Json {
+        path: &tc_path,
+        value: tc_value.as_ref().unwrap_or(&null),
+    };
+    let token_id = |json: &Json<'_>, key: &str| -> Result<Option<u32>> {
+        match json.get(key) {
+            None => Ok(None),
+            Some(v) => {
+                let text = special_token_text(v).ok_or_else(|| {
+                    json.err(format!(
+                        "field `{key}` is {}, expected a token",
+                        describe(v)
+                    ))
+                })?;
+                tokenizer.token_to_id(text).map(Some).ok_or_else(|| {
+                    json.err(format!(
+                        "`{key}` {} is not a token of tokenizer.json",
+                        quote(text.as_bytes())
+                    ))
+                })
+            }
+        }
+    };
+    let bos = match id_list(cfg, "bos_token_id")? {
+        Some(ids) => ids.first().copied(),
+        None => token_id(&tc, "bos_token")?,
+    };
+    let gc_path = dir.join("generation_config.json");
+    let gc_value = read_optional_json(&gc_path, "the generation configuration")?;
+    let gc = Json {
+        path: &gc_path,
+        value: gc_value.as_ref().unwrap_or(&null),
+    };
+    let (eos, eos_from) = match (id_list(&gc, "eos_token_id")?, id_list(cfg, "eos_token_id")?) {
+        (Some(ids), _) => (ids, gc_path.as_path()),
+        (None, Some(ids)) => (ids, cfg.path),
+        (None, None) => (
+            token_id(&tc, "eos_token")?.into_iter().collect(),
+            tc_path.as_path(),
+        ),
+    };
+    for (what, id, from) in bos
+        .iter()
+        .map(|&id| ("bos_token_id", id, cfg.path))
+        .chain(eos.iter().map(|&id| ("eos_token_id", id, eos_from)))
+    {
+        if id as usize >= model.vocab_size {
+            return Err(invalid(
+                from,
+                format!(
+                    "{what} {id} is outside the vocabulary of {} ids",
+                    model.vocab_size
+                ),
+            ));
+        }
+    }
+
+    let class = tc.opt_str("tokenizer_class")?.unwrap_or("");
+    if matches!(class, "LlamaTokenizer" | "LlamaTokenizerFast") {
+        let add_bos = tc.opt_bool("add_bos_token")?.unwrap_or(true);
+        let add_eos = tc.opt_bool("add_eos_token")?.unwrap_or(false);
+        let eos_one = token_id(&tc, "eos_token")?.or(eos.first().copied());
+        let template = bos_eos_template(
+            &|id| tokenizer.id_to_token(id),
+            bos,
+            eos_one,
+            add_bos,
+            add_eos,
+        )
+        .map_err(|e| invalid(&tc_path, e.to_string()))?;
+        tokenizer.with_post_processor(template);
+    }
+    Ok(ModelTokenizer {
+        tokenizer,
+        bos_token_id: bos,
+        eos_token_ids: eos,
+        kind: TokenizerKind::HuggingFace,
+        warnings: Vec::new(),
+    })
+}

@@ -1,0 +1,421 @@
+//! Tiny random Hugging Face checkpoints, written at run time (config.json, safetensors weights,
+//! MiniMind's tokenizer.json from ../shared), and a slow f64 reference forward pass over the
+//! same weights, written from transformers' modeling files (`modeling_llama.py`,
+//! `modeling_qwen2.py`, `modeling_qwen3.py`) independently of nucleus' model code.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use serde_json::{json, Value};
+
+/// Tensors by name: shape and f32 values, row-major.
+pub type Weights = HashMap<String, (Vec<usize>, Vec<f32>)>;
+
+/// MiniMind's tokenizer folder in ../shared (6,400 ids).
+pub fn minimind_tokenizer_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models/minimind-tokenizer")
+}
+
+/// Ids of MiniMind's tokenizer: the embedding of a test checkpoint has this many rows.
+pub const VOCAB: usize = 6400;
+
+/// A temporary model folder, removed when dropped.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        let path = super::temp_path(tag);
+        std::fs::create_dir_all(&path).expect("create a temp dir");
+        Self(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A deterministic generator of uniform values in [-1, 1) (xorshift64*).
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn next(&mut self) -> f32 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let x = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        ((x >> 40) as f32 / (1u64 << 23) as f32) - 1.0
+    }
+
+    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.next() * scale).collect()
+    }
+}
+
+/// The tiny config of a family: 2 layers, hidden 64, 4 query heads, 2 kv heads, ffn 96, 128
+/// positions. Qwen3 gets an explicit `head_dim` of 32 (not 64 / 4 = 16), as Qwen3-0.6B has 128
+/// for hidden 1024 / 16 heads.
+pub fn tiny_config(model_type: &str) -> Value {
+    let mut c = json!({
+        "model_type": model_type,
+        "vocab_size": VOCAB,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 128,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "hidden_act": "silu",
+        "tie_word_embeddings": false,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": "float32"
+    });
+    match model_type {
+        "qwen2" => {
+            c["sliding_window"] = json!(4096);
+            c["max_window_layers"] = json!(2);
+            c["use_sliding_window"] = json!(false);
+        }
+        "qwen3" => {
+            c["head_dim"] = json!(32);
+            c["attention_bias"] = json!(false);
+            c["sliding_window"] = Value::Null;
+            c["max_window_layers"] = json!(2);
+            c["use_sliding_window"] = json!(false);
+        }
+        _ => {}
+    }
+    c
+}
+
+/// The shapes of every tensor of a checkpoint of `config` (transformers' names).
+pub fn tensor_shapes(config: &Value) -> Vec<(String, Vec<usize>)> {
+    let g = |k: &str| config[k].as_u64().expect(k) as usize;
+    let (h, ffn, layers, heads) = (
+        g("hidden_size"),
+        g("intermediate_size"),
+        g("num_hidden_layers"),
+        g("num_attention_heads"),
+    );
+    let kv = config["num_key_value_heads"]
+        .as_u64()
+        .map_or(heads, |v| v as usize);
+    let hd = config["head_dim"]
+        .as_u64()
+        .map_or(h / heads, |v| v as usize);
+    let model_type = config["model_type"].as_str().expect("model_type");
+    let bias = config["attention_bias"].as_bool().unwrap_or(false);
+    let (qkv_bias, o_bias) = match model_type {
+        "qwen2" => (true, false),
+        _ => (bias, bias),
+    };
+    let vocab = g("vocab_size");
+    let mut t = vec![("model.embed_tokens.weight".to_string(), vec![vocab, h])];
+    for i in 0..layers {
+        let p = format!("model.layers.{i}");
+        t.push((format!("{p}.input_layernorm.weight"), vec![h]));
+        t.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
+        for (name, rows, cols, b) in [
+            ("q_proj", heads * hd, h, qkv_bias),
+            ("k_proj", kv * hd, h, qkv_bias),
+            ("v_proj", kv * hd, h, qkv_bias),
+            ("o_proj", h, heads * hd, o_bias),
+        ] {
+            t.push((format!("{p}.self_attn.{name}.weight"), vec![rows, cols]));
+            if b {
+                t.push((format!("{p}.self_attn.{name}.bias"), vec![rows]));
+            }
+        }
+        if model_type == "qwen3" {
+            t.push((format!("{p}.self_attn.q_norm.weight"), vec![hd]));
+            t.push((format!("{p}.self_attn.k_norm.weight"), vec![hd]));
+        }
+        t.push((format!("{p}.mlp.gate_proj.weight"), vec![ffn, h]));
+        t.push((format!("{p}.mlp.up_proj.weight"), vec![ffn, h]));
+        t.push((format!("{p}.mlp.down_proj.weight"), vec![h, ffn]));
+    }
+    t.push(("model.norm.weight".to_string(), vec![h]));
+    if !config["tie_word_embeddings"].as_bool().unwrap_or(false) {
+        t.push(("lm_head.weight".to_string(), vec![vocab, h]));
+    }
+    t
+}
+
+/// Random weights for `config`: matrices uniform in ±1/sqrt(in), norms 1 ± 0.2, biases ±0.1.
+pub fn random_weights(config: &Value, seed: u64) -> Weights {
+    let mut rng = Rng::new(seed);
+    tensor_shapes(config)
+        .into_iter()
+        .map(|(name, shape)| {
+            let n: usize = shape.iter().product();
+            let values = if name.ends_with("norm.weight") {
+                rng.vec(n, 0.2).into_iter().map(|v| 1.0 + v).collect()
+            } else if name.ends_with(".bias") {
+                rng.vec(n, 0.1)
+            } else {
+                let fan_in = *shape.last().expect("2-D");
+                rng.vec(n, 1.0 / (fan_in as f32).sqrt())
+            };
+            (name, (shape, values))
+        })
+        .collect()
+}
+
+/// Writes a model folder: config.json, the weights (in `dtype`, one file or `shards` files with
+/// an index), MiniMind's tokenizer.json and tokenizer_config.json.
+pub fn write_folder(
+    dir: &Path,
+    config: &Value,
+    weights: &Weights,
+    dtype: DType,
+    shards: usize,
+) -> anyhow::Result<()> {
+    std::fs::write(dir.join("config.json"), serde_json::to_vec_pretty(config)?)?;
+    let mut names: Vec<&String> = weights.keys().collect();
+    names.sort();
+    let tensors: Vec<(String, Tensor)> = names
+        .iter()
+        .map(|name| {
+            let (shape, values) = &weights[*name];
+            let t = Tensor::from_vec(values.clone(), shape.as_slice(), &Device::Cpu)
+                .and_then(|t| t.to_dtype(dtype))
+                .expect("tensor");
+            ((*name).clone(), t)
+        })
+        .collect();
+    if shards <= 1 {
+        let map: HashMap<String, Tensor> = tensors.into_iter().collect();
+        candle_core::safetensors::save(&map, dir.join("model.safetensors"))?;
+    } else {
+        let per = tensors.len().div_ceil(shards);
+        let mut weight_map = serde_json::Map::new();
+        for (s, chunk) in tensors.chunks(per).enumerate() {
+            let file = format!("model-{:05}-of-{shards:05}.safetensors", s + 1);
+            let map: HashMap<String, Tensor> = chunk.iter().cloned().collect();
+            candle_core::safetensors::save(&map, dir.join(&file))?;
+            for (name, _) in chunk {
+                weight_map.insert(name.clone(), json!(file));
+            }
+        }
+        let index = json!({"metadata": {}, "weight_map": weight_map});
+        std::fs::write(
+            dir.join("model.safetensors.index.json"),
+            serde_json::to_vec_pretty(&index)?,
+        )?;
+    }
+    let tok = minimind_tokenizer_dir();
+    for file in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(tok.join(file), dir.join(file))?;
+    }
+    Ok(())
+}
+
+/// A random checkpoint of `config` in a fresh folder (f32, one file).
+pub fn checkpoint(tag: &str, config: &Value, seed: u64) -> anyhow::Result<(TempDir, Weights)> {
+    let dir = TempDir::new(tag);
+    let weights = random_weights(config, seed);
+    write_folder(&dir.0, config, &weights, DType::F32, 1)?;
+    Ok((dir, weights))
+}
+
+/// Values of `weights` rounded through `dtype` (what a bf16 / f16 checkpoint holds).
+pub fn rounded(weights: &Weights, dtype: DType) -> Weights {
+    weights
+        .iter()
+        .map(|(name, (shape, values))| {
+            let t = Tensor::from_vec(values.clone(), values.len(), &Device::Cpu)
+                .and_then(|t| t.to_dtype(dtype))
+                .and_then(|t| t.to_dtype(DType::F32))
+                .and_then(|t| t.to_vec1::<f32>())
+                .expect("round");
+            (name.clone(), (shape.clone(), t))
+        })
+        .collect()
+}
+
+/// The RoPE of the reference: inverse frequencies (f64) and the factor cos / sin are scaled by.
+pub struct RefRope {
+    pub inv_freq: Vec<f64>,
+    pub attention_factor: f64,
+}
+
+impl RefRope {
+    /// transformers' `_compute_default_rope_parameters`.
+    pub fn default(theta: f64, head_dim: usize) -> Self {
+        Self {
+            inv_freq: (0..head_dim / 2)
+                .map(|i| 1.0 / theta.powf((2 * i) as f64 / head_dim as f64))
+                .collect(),
+            attention_factor: 1.0,
+        }
+    }
+}
+
+/// The last position's logits of `tokens` (a whole causal prefill), in f64, by transformers'
+/// formulas: RMSNorm `x / sqrt(mean(x²) + eps) * w`; q/k/v (+ biases), Qwen3's per-head q/k
+/// RMSNorm, `apply_rotary_pos_emb` with `rotate_half` (cos/sin times the attention factor),
+/// `repeat_kv`, softmax(q kᵀ / sqrt(head_dim)) causal, o_proj, SwiGLU `down(silu(gate) * up)`.
+pub fn reference_logits(
+    config: &Value,
+    weights: &Weights,
+    rope: &RefRope,
+    tokens: &[u32],
+) -> Vec<f32> {
+    let g = |k: &str| config[k].as_u64().expect(k) as usize;
+    let (h, layers, heads) = (
+        g("hidden_size"),
+        g("num_hidden_layers"),
+        g("num_attention_heads"),
+    );
+    let kv = config["num_key_value_heads"]
+        .as_u64()
+        .map_or(heads, |v| v as usize);
+    let hd = config["head_dim"]
+        .as_u64()
+        .map_or(h / heads, |v| v as usize);
+    let eps = config["rms_norm_eps"].as_f64().expect("eps");
+    let qwen3 = config["model_type"] == "qwen3";
+    let w = |name: &str| -> Vec<f64> {
+        weights
+            .get(name)
+            .unwrap_or_else(|| panic!("weight {name}"))
+            .1
+            .iter()
+            .map(|&v| f64::from(v))
+            .collect()
+    };
+    let has = |name: &str| weights.contains_key(name);
+    let rms = |x: &[f64], w: &[f64]| -> Vec<f64> {
+        let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
+        let r = 1.0 / (ms + eps).sqrt();
+        x.iter().zip(w).map(|(v, w)| v * r * w).collect()
+    };
+    // y = W x + b, W [out, in] row-major.
+    let linear = |x: &[f64], wt: &[f64], b: Option<Vec<f64>>| -> Vec<f64> {
+        let inp = x.len();
+        let out = wt.len() / inp;
+        (0..out)
+            .map(|o| {
+                let dot: f64 = (0..inp).map(|i| wt[o * inp + i] * x[i]).sum();
+                dot + b.as_ref().map_or(0.0, |b| b[o])
+            })
+            .collect()
+    };
+    let rotate = |x: &mut [f64], pos: usize| {
+        let half = hd / 2;
+        for i in 0..half {
+            let angle = pos as f64 * rope.inv_freq[i];
+            let (c, s) = (
+                angle.cos() * rope.attention_factor,
+                angle.sin() * rope.attention_factor,
+            );
+            let (a, b) = (x[i], x[i + half]);
+            x[i] = a * c - b * s;
+            x[i + half] = b * c + a * s;
+        }
+    };
+    let embed = w("model.embed_tokens.weight");
+    let mut xs: Vec<Vec<f64>> = tokens
+        .iter()
+        .map(|&t| embed[t as usize * h..(t as usize + 1) * h].to_vec())
+        .collect();
+    let n = tokens.len();
+    for l in 0..layers {
+        let p = format!("model.layers.{l}");
+        let bias = |name: &str| {
+            let key = format!("{p}.self_attn.{name}.bias");
+            has(&key).then(|| w(&key))
+        };
+        let (wq, wk, wv, wo) = (
+            w(&format!("{p}.self_attn.q_proj.weight")),
+            w(&format!("{p}.self_attn.k_proj.weight")),
+            w(&format!("{p}.self_attn.v_proj.weight")),
+            w(&format!("{p}.self_attn.o_proj.weight")),
+        );
+        let ln1 = w(&format!("{p}.input_layernorm.weight"));
+        let mut qs = Vec::new();
+        let mut ks = Vec::new();
+        let mut vs = Vec::new();
+        for (pos, x) in xs.iter().enumerate() {
+            let hn = rms(x, &ln1);
+            let mut q = linear(&hn, &wq, bias("q_proj"));
+            let mut k = linear(&hn, &wk, bias("k_proj"));
+            let v = linear(&hn, &wv, bias("v_proj"));
+            for (t, heads_of, norm) in [(&mut q, heads, "q_norm"), (&mut k, kv, "k_norm")] {
+                for head in 0..heads_of {
+                    let slot = &mut t[head * hd..(head + 1) * hd];
+                    if qwen3 {
+                        let normed = rms(slot, &w(&format!("{p}.self_attn.{norm}.weight")));
+                        slot.copy_from_slice(&normed);
+                    }
+                    rotate(slot, pos);
+                }
+            }
+            qs.push(q);
+            ks.push(k);
+            vs.push(v);
+        }
+        let ln2 = w(&format!("{p}.post_attention_layernorm.weight"));
+        let (wg, wu, wd) = (
+            w(&format!("{p}.mlp.gate_proj.weight")),
+            w(&format!("{p}.mlp.up_proj.weight")),
+            w(&format!("{p}.mlp.down_proj.weight")),
+        );
+        for i in 0..n {
+            let mut attn = vec![0.0; heads * hd];
+            for head in 0..heads {
+                let kvh = head / (heads / kv);
+                let q = &qs[i][head * hd..(head + 1) * hd];
+                let scores: Vec<f64> = (0..=i)
+                    .map(|j| {
+                        let k = &ks[j][kvh * hd..(kvh + 1) * hd];
+                        q.iter().zip(k).map(|(a, b)| a * b).sum::<f64>() / (hd as f64).sqrt()
+                    })
+                    .collect();
+                let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for (j, ej) in e.iter().enumerate() {
+                    let v = &vs[j][kvh * hd..(kvh + 1) * hd];
+                    for d in 0..hd {
+                        attn[head * hd + d] += ej / z * v[d];
+                    }
+                }
+            }
+            let o = linear(&attn, &wo, bias("o_proj"));
+            let x: Vec<f64> = xs[i].iter().zip(&o).map(|(a, b)| a + b).collect();
+            let hn = rms(&x, &ln2);
+            let gate = linear(&hn, &wg, None);
+            let up = linear(&hn, &wu, None);
+            let act: Vec<f64> = gate
+                .iter()
+                .zip(&up)
+                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                .collect();
+            let down = linear(&act, &wd, None);
+            xs[i] = x.iter().zip(&down).map(|(a, b)| a + b).collect();
+        }
+        // Layer l is done for every position before layer l + 1 starts (the lists above were
+        // computed from the previous layer's outputs).
+    }
+    let last = rms(&xs[n - 1], &w("model.norm.weight"));
+    let head = if has("lm_head.weight") && !config["tie_word_embeddings"].as_bool().unwrap_or(false)
+    {
+        w("lm_head.weight")
+    } else {
+        embed
+    };
+    linear(&last, &head, None)
+        .into_iter()
+        .map(|v| v as f32)
+        .collect()
+}
