@@ -48,9 +48,9 @@ pub struct ValidateArgs {
     /// The text to validate (`-`: stdin). One trailing newline (`\n` or `\r\n`) is dropped.
     #[arg(long, value_name = "FILE")]
     pub text: PathBuf,
-    /// The GGUF model whose tokenizer to use. Default: $NUCLEUS_MODEL, else ggml-org/models
-    /// tinyllamas/stories260K.gguf from the Hugging Face hub cache (as `generate`).
-    #[arg(long, value_name = "PATH.gguf", conflicts_with = "tokenizer")]
+    /// The model whose tokenizer to use (a GGUF file or a Hugging Face model folder). Default:
+    /// $NUCLEUS_MODEL, else ggml-org/models tinyllamas/stories260K.gguf from the Hugging Face hub cache (as `generate`).
+    #[arg(long, value_name = "PATH", conflicts_with = "tokenizer")]
     pub model: Option<PathBuf>,
     /// A Hugging Face tokenizer.json to use instead of a model's tokenizer.
     #[arg(long, value_name = "tokenizer.json")]
@@ -63,6 +63,9 @@ pub struct ValidateArgs {
     /// files (not of a GGUF model).
     #[command(flatten)]
     pub limit: InputLimit,
+    /// `--threads`.
+    #[command(flatten)]
+    pub threads: crate::threads::Threads,
 }
 
 /// The value of `--max-whitespace`: a bound, or `none`.

@@ -37,4 +37,5 @@ pub mod moe_init_routing;
 pub mod npu_sample;
 pub mod report;
 pub mod sample;
+pub mod threads;
 pub mod usage;

@@ -107,6 +107,9 @@ struct SampleArgs {
     /// `--max-input-bytes`: most bytes of one JSON line and of a --logits or --params file.
     #[command(flatten)]
     limit: nucleus_cli::input::InputLimit,
+    /// `--threads`.
+    #[command(flatten)]
+    threads: nucleus_cli::threads::Threads,
 }
 
 #[derive(Args, Debug)]
@@ -114,8 +117,9 @@ struct GenerateArgs {
     /// A prompt (repeat the flag for several requests that run together). "" is BOS alone.
     #[arg(long, required = true, allow_hyphen_values = true)]
     prompt: Vec<String>,
-    /// GGUF model file. Default: $NUCLEUS_MODEL, else ggml-org/models tinyllamas/stories260K.gguf
-    /// from the Hugging Face hub cache.
+    /// The model: a GGUF file (arch llama) or a Hugging Face model folder (model_type llama,
+    /// qwen2, qwen3). Default: $NUCLEUS_MODEL, else ggml-org/models
+    /// tinyllamas/stories260K.gguf from the Hugging Face hub cache.
     #[arg(long)]
     model: Option<PathBuf>,
     /// Most tokens to generate per completion.
@@ -168,6 +172,9 @@ struct GenerateArgs {
     /// model).
     #[command(flatten)]
     limit: nucleus_cli::input::InputLimit,
+    /// `--threads`.
+    #[command(flatten)]
+    threads: nucleus_cli::threads::Threads,
 }
 
 fn main() -> ExitCode {
@@ -175,6 +182,22 @@ fn main() -> ExitCode {
     // panics itself (a panic inside it aborts the process).
     std::panic::set_hook(Box::new(nucleus_cli::report::panic_hook));
     let cli = Cli::parse();
+    // The thread count, once, before any pool exists (README.md, "CLI": `--threads`). The
+    // benchmarks' own `--threads` sizes the pools they time; it sizes the process's too.
+    let explicit = match &cli.command {
+        Command::Generate(a) => a.threads.explicit(),
+        Command::Sample(a) => a.threads.explicit(),
+        Command::TopKTopPSample(a) => a.threads.explicit(),
+        Command::MoeInitRouting(a) => a.threads.explicit(),
+        Command::Grammar(GrammarCommand::Validate(a)) => a.threads.explicit(),
+        Command::Bench(BenchCommand::Sampling(a)) => Some(a.threads.max(1)),
+        Command::Bench(BenchCommand::NpuSample(a)) => Some(a.threads.max(1)),
+        Command::Bench(BenchCommand::Moe(a)) => Some(a.threads.max(1)),
+    };
+    if let Err(e) = nucleus_engine::threads::configure(explicit) {
+        report::error(&e.to_string());
+        return ExitCode::from(nucleus_cli::usage::USAGE_STATUS);
+    }
     let result = match cli.command {
         Command::Generate(args) => generate(args),
         Command::Sample(args) => sample(args),

@@ -111,6 +111,9 @@ pub struct MoeInitRoutingArgs {
     /// `--max-input-bytes`: most bytes of one JSON line and of a `--tensors` / `--attrs` file.
     #[command(flatten)]
     pub limit: InputLimit,
+    /// `--threads`.
+    #[command(flatten)]
+    pub threads: crate::threads::Threads,
 }
 
 /// Lines answered together in one parallel block.

@@ -97,6 +97,9 @@ pub struct NpuSampleArgs {
     /// `--max-input-bytes`: most bytes of one JSON line and of a `--tensors` / `--attrs` file.
     #[command(flatten)]
     pub limit: InputLimit,
+    /// `--threads`.
+    #[command(flatten)]
+    pub threads: crate::threads::Threads,
 }
 
 /// Lines answered together in one parallel block.

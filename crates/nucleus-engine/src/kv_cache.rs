@@ -5,13 +5,12 @@
 //! position of the next token. The scheduler owns the caches; the model owns none.
 //!
 //! # Layout
-//! Per layer, one key and one value tensor, f32, shape `[capacity, n_kv_head, head_dim]`
-//! (position-major, the `(seq, heads, dim)` layout candle-nn's flash attention reads), of which
+//! Per layer, one key and one value tensor, f32, shape `[n_kv_head, capacity, head_dim]`, of which
 //! positions `0..len()` are valid. Keys are stored after RoPE (as llama.cpp stores them). New
-//! entries are written in place (`Tensor::slice_set`), and the valid prefix is a contiguous view
-//! of the storage, read without a copy; when the capacity is reached the storage is
+//! entries are written in place (`Tensor::slice_set`); when the capacity is reached the storage is
 //! reallocated at twice the capacity (at least the needed length, at most the model's context
 //! length), so appending `n` tokens costs `O(n)` amortised and the cache is never re-concatenated.
+//! Attention reads the valid prefix as a view (`narrow`), without a copy.
 //! [`KvCache::copies`] counts the times valid positions were copied (growth, copy-on-write).
 //!
 //! # Clones are independent (copy-on-write)
@@ -36,9 +35,9 @@ const MIN_CAPACITY: usize = 16;
 /// Key and value storage of all layers, shared between clones until one of them writes.
 #[derive(Debug)]
 struct Storage {
-    /// Per layer: `[capacity, n_kv_head, head_dim]` f32.
+    /// Per layer: `[n_kv_head, capacity, head_dim]` f32.
     k: Vec<Tensor>,
-    /// Per layer: `[capacity, n_kv_head, head_dim]` f32.
+    /// Per layer: `[n_kv_head, capacity, head_dim]` f32.
     v: Vec<Tensor>,
     /// Positions allocated per layer.
     capacity: usize,
@@ -182,15 +181,17 @@ impl KvCache {
     /// Replaces the storage by fresh storage of `capacity` positions holding a copy of the valid
     /// prefix.
     fn reallocate(&mut self, capacity: usize) -> Result<()> {
-        let shape = (capacity, self.n_kv_head, self.head_dim);
+        let shape = (self.n_kv_head, capacity, self.head_dim);
         let mut k = Vec::with_capacity(self.n_layer);
         let mut v = Vec::with_capacity(self.n_layer);
         for layer in 0..self.n_layer {
             let new_k = Tensor::zeros(shape, DType::F32, &self.device)?;
             let new_v = Tensor::zeros(shape, DType::F32, &self.device)?;
             if let (Some(old), true) = (self.storage.as_ref(), self.len > 0) {
-                new_k.slice_set(&old.k[layer].narrow(0, 0, self.len)?, 0, 0)?;
-                new_v.slice_set(&old.v[layer].narrow(0, 0, self.len)?, 0, 0)?;
+                let old_k = old.k[layer].narrow(1, 0, self.len)?.contiguous()?;
+                let old_v = old.v[layer].narrow(1, 0, self.len)?.contiguous()?;
+                new_k.slice_set(&old_k, 1, 0)?;
+                new_v.slice_set(&old_v, 1, 0)?;
             }
             k.push(new_k);
             v.push(new_v);
@@ -204,9 +205,9 @@ impl KvCache {
 
     /// Writes the keys and values of `n` new positions of layer `layer` at positions
     /// `len()..len() + n` and returns views of positions `0..len() + n`, each
-    /// `[len() + n, n_kv_head, head_dim]`, contiguous (no copy).
+    /// `[n_kv_head, len() + n, head_dim]` (not contiguous across heads; fine for `matmul`).
     ///
-    /// `k_new`, `v_new`: `[n, n_kv_head, head_dim]` f32. Call [`KvCache::prepare_append`]`(n)`
+    /// `k_new`, `v_new`: `[n_kv_head, n, head_dim]` f32. Call [`KvCache::prepare_append`]`(n)`
     /// first and [`KvCache::commit`]`(n)` after the last layer. The returned views alias the
     /// storage: drop them before the next write.
     pub(crate) fn write(
@@ -215,7 +216,7 @@ impl KvCache {
         k_new: &Tensor,
         v_new: &Tensor,
     ) -> Result<(Tensor, Tensor)> {
-        let n = k_new.dim(0)?;
+        let n = k_new.dim(1)?;
         let storage = self
             .storage
             .as_mut()
@@ -228,12 +229,12 @@ impl KvCache {
             })?;
         let k_new = k_new.contiguous()?;
         let v_new = v_new.contiguous()?;
-        storage.k[layer].slice_set(&k_new, 0, self.len)?;
-        storage.v[layer].slice_set(&v_new, 0, self.len)?;
+        storage.k[layer].slice_set(&k_new, 1, self.len)?;
+        storage.v[layer].slice_set(&v_new, 1, self.len)?;
         let total = self.len + n;
         Ok((
-            storage.k[layer].narrow(0, 0, total)?,
-            storage.v[layer].narrow(0, 0, total)?,
+            storage.k[layer].narrow(1, 0, total)?,
+            storage.v[layer].narrow(1, 0, total)?,
         ))
     }
 
@@ -252,10 +253,10 @@ impl KvCache {
         if self.len == 0 || layer >= storage.k.len() {
             return Ok(None);
         }
-        // `[len, n_kv_head, head_dim]` in the storage; copied out head-major.
-        let k = storage.k[layer].narrow(0, 0, self.len)?.transpose(0, 1)?;
-        let v = storage.v[layer].narrow(0, 0, self.len)?.transpose(0, 1)?;
-        Ok(Some((k.contiguous()?.copy()?, v.contiguous()?.copy()?)))
+        let k = storage.k[layer].narrow(1, 0, self.len)?.contiguous()?;
+        let v = storage.v[layer].narrow(1, 0, self.len)?.contiguous()?;
+        // `contiguous` returns the same storage when the view is already contiguous (one head).
+        Ok(Some((k.copy()?, v.copy()?)))
     }
 }
 
@@ -265,7 +266,7 @@ mod tests {
 
     fn filled(n_kv: usize, n: usize, hd: usize, start: f32) -> Tensor {
         let data: Vec<f32> = (0..n_kv * n * hd).map(|i| start + i as f32).collect();
-        Tensor::from_vec(data, (n, n_kv, hd), &Device::Cpu).expect("tensor")
+        Tensor::from_vec(data, (n_kv, n, hd), &Device::Cpu).expect("tensor")
     }
 
     fn append(cache: &mut KvCache, n: usize, start: f32) -> Result<()> {

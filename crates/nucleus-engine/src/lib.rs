@@ -50,6 +50,7 @@ pub mod hub;
 pub mod kv_cache;
 pub mod loader;
 pub mod models;
+pub mod threads;
 pub mod tokenizer;
 
 pub use candle_core::Device;

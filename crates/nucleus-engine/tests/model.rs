@@ -331,3 +331,39 @@ fn q8_0_weights_stay_close_to_f32() -> Result<()> {
     );
     Ok(())
 }
+
+/// Prefill is one batched attention computation per layer, with the keys and values written in
+/// place: a 1,024-token prompt costs `n_layer` attention calls and no copy of the cache; the
+/// decode steps after it one call per layer each, and the cache is copied only when it grows
+/// (doubling: O(log n) copies).
+#[test]
+fn prefill_is_one_attention_per_layer_and_no_cache_copies() -> Result<()> {
+    let loaded = load(&common::stories260k())?;
+    let model = &loaded.model;
+    let n_layer = model.config().n_layer as u64;
+    let prompt: Vec<u32> = (0..1024).map(|i| (i * 37 + 5) % 512).collect();
+    let mut cache = model.new_cache();
+    let before = model.attention_calls();
+    let whole = run(model, &mut cache, &prompt)?;
+    assert_eq!(model.attention_calls() - before, n_layer);
+    assert_eq!(cache.len(), 1024);
+    assert_eq!(cache.capacity(), 1024);
+    assert_eq!(cache.copies(), 0, "the prefill copied the cache");
+    for step in 0..100u32 {
+        run(model, &mut cache, &[step % 512])?;
+    }
+    assert_eq!(model.attention_calls() - before, n_layer * 101);
+    // 1,024 → 2,048 (the context length): one growth, one copy, in 100 decode steps.
+    assert_eq!((cache.capacity(), cache.copies()), (2048, 1));
+
+    // The prefill's queries ran in blocks (8 heads × 1,024 keys: 128 rows a block), each
+    // reading only the keys it may see: its logits are those of 1,024 single-token steps.
+    let mut one_by_one = model.new_cache();
+    let mut last = Vec::new();
+    for &t in &prompt {
+        last = run(model, &mut one_by_one, &[t])?;
+    }
+    let d = max_abs_diff(&whole, &last);
+    assert!(d < TOL, "blocked prefill vs token by token: {d}");
+    Ok(())
+}

@@ -42,6 +42,11 @@ pub trait CausalLm: Send + Sync + std::fmt::Debug {
     /// token. Each cache gets the new tokens' keys and values appended. See
     /// [`Transformer::forward`] for the contract and its errors.
     fn forward(&self, batch: &mut [SeqInput<'_>]) -> Result<Tensor>;
+
+    /// The attention computations run so far: one per sequence per layer per `forward`,
+    /// whatever the number of new tokens (a prompt's prefill is one per layer). For tests and
+    /// profiling.
+    fn attention_calls(&self) -> u64;
 }
 
 /// A boxed model is a model (what [`crate::LoadedModel::model`] holds).
@@ -60,5 +65,9 @@ impl<M: CausalLm + ?Sized> CausalLm for Box<M> {
 
     fn forward(&self, batch: &mut [SeqInput<'_>]) -> Result<Tensor> {
         (**self).forward(batch)
+    }
+
+    fn attention_calls(&self) -> u64 {
+        (**self).attention_calls()
     }
 }

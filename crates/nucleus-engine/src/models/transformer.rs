@@ -28,11 +28,12 @@
 //! [`Transformer::forward`] takes several sequences at once, each with any number of new tokens
 //! (prefill) or one (decode). Their rows are concatenated into one `[T_total, hidden]` matrix, so
 //! every linear layer runs once for the whole batch. Attention runs once per sequence per layer,
-//! over that sequence's own cache, with candle-nn's CPU flash attention
-//! (`candle_nn::attention::flash_attn`, causal with the cache length as offset: online softmax,
-//! only the causal triangle computed, no mask materialised): a prompt's whole prefill is one
-//! attention computation per layer, and the keys and values are written in place into the
-//! cache, whose valid prefix is read without a copy (position-major layout, [`KvCache`]).
+//! over that sequence's own cache: the keys and values of the new tokens are written in place
+//! into the cache ([`KvCache`]), whose valid prefix is then read as a view, and the scores are
+//! two matrix products and a softmax, with the sequence's causal mask built once per forward
+//! and shared by every layer. A prompt's whole prefill is one attention computation per layer
+//! (queries tiled in blocks of about 1 Mi scores, each reading only the keys it may see, so the
+//! causal upper triangle is skipped and memory stays bounded on long prompts).
 //! Only each sequence's last row goes through the LM head.
 //!
 //! # Weights
@@ -233,7 +234,7 @@ impl Transformer {
     }
 
     /// An empty [`KvCache`] for one sequence of this model: `n_layer` layers of
-    /// `[capacity, n_kv_head, head_dim]` f32 keys and values on the model's device, holding at
+    /// `[n_kv_head, capacity, head_dim]` f32 keys and values on the model's device, holding at
     /// most `context_length` positions. Allocates nothing until the first `forward`.
     pub fn new_cache(&self) -> KvCache {
         KvCache::new(
@@ -303,8 +304,12 @@ impl Transformer {
             cos = (cos * self.rope_attention_factor)?;
             sin = (sin * self.rope_attention_factor)?;
         }
+        let masks = batch
+            .iter()
+            .map(|seq| causal_mask(seq.tokens.len(), seq.cache.len(), &self.device))
+            .collect::<Result<Vec<_>>>()?;
         for (l, layer) in self.weights.layers.iter().enumerate() {
-            x = self.block(l, layer, &x, &cos, &sin, batch)?;
+            x = self.block(l, layer, &x, &cos, &sin, &masks, batch)?;
         }
 
         let _span = tracing::trace_span!("lm_head").entered();
@@ -365,21 +370,18 @@ impl Transformer {
         Ok(())
     }
 
-    /// Rotates `x` `[1, T, heads, head_dim]` (contiguous) by the rows' angles; same shape out.
+    /// Rotates `x` `[1, heads, T, head_dim]` (contiguous) by the rows' angles; same shape out.
     fn rope(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
         Ok(match self.config.rope.layout {
-            RopeLayout::RotateHalf => candle_nn::rotary_emb::rope_thd(x, cos, sin)?,
-            RopeLayout::Interleaved => {
-                let x = x.transpose(1, 2)?.contiguous()?; // [1, heads, T, hd]
-                candle_nn::rotary_emb::rope_i(&x, cos, sin)?
-                    .transpose(1, 2)?
-                    .contiguous()?
-            }
+            RopeLayout::RotateHalf => candle_nn::rotary_emb::rope(x, cos, sin)?,
+            RopeLayout::Interleaved => candle_nn::rotary_emb::rope_i(x, cos, sin)?,
         })
     }
 
     /// One transformer block on the concatenated rows `x` `[T, hidden]`; `cos`, `sin`
-    /// `[T, head_dim / 2]` are the RoPE tables of the rows' positions.
+    /// `[T, head_dim / 2]` are the RoPE tables of the rows' positions, `masks` the causal mask
+    /// of each sequence (built once per forward, see [`causal_mask`]).
+    #[allow(clippy::too_many_arguments)]
     fn block(
         &self,
         l: usize,
@@ -387,6 +389,7 @@ impl Transformer {
         x: &Tensor,
         cos: &Tensor,
         sin: &Tensor,
+        masks: &[Option<Tensor>],
         batch: &mut [SeqInput<'_>],
     ) -> Result<Tensor> {
         let cfg = &self.config;
@@ -395,43 +398,32 @@ impl Transformer {
         let eps = cfg.rms_norm_eps as f32;
 
         let h = candle_nn::ops::rms_norm(x, &layer.attn_norm, eps)?;
-        let q = layer.q.forward(&h)?.reshape((1, t_total, n_head, hd))?; // [1, T, H, hd]
-        let k = layer.k.forward(&h)?.reshape((1, t_total, n_kv, hd))?;
+        let q = layer.q.forward(&h)?.reshape((t_total, n_head, hd))?;
+        let k = layer.k.forward(&h)?.reshape((t_total, n_kv, hd))?;
         let v = layer.v.forward(&h)?.reshape((t_total, n_kv, hd))?;
         let (q, k) = match (&layer.q_norm, &layer.k_norm) {
             (Some(qn), Some(kn)) => (
-                candle_nn::ops::rms_norm(&q.contiguous()?, qn, eps)?,
-                candle_nn::ops::rms_norm(&k.contiguous()?, kn, eps)?,
+                candle_nn::ops::rms_norm(&q, qn, eps)?,
+                candle_nn::ops::rms_norm(&k, kn, eps)?,
             ),
             _ => (q, k),
         };
-        let q = self.rope(&q.contiguous()?, cos, sin)?; // [1, T, H, hd]
-        let k = self.rope(&k.contiguous()?, cos, sin)?.squeeze(0)?; // [T, KV, hd]
-        let scale = 1.0 / (hd as f32).sqrt();
+        // Head-major for RoPE and attention: [1, heads, T, hd].
+        let q = q.transpose(0, 1)?.contiguous()?.unsqueeze(0)?;
+        let k = k.transpose(0, 1)?.contiguous()?.unsqueeze(0)?;
+        let q = self.rope(&q, cos, sin)?.squeeze(0)?; // [n_head, T, hd]
+        let k = self.rope(&k, cos, sin)?.squeeze(0)?; // [n_kv, T, hd]
+        let v = v.transpose(0, 1)?; // [n_kv, T, hd]
 
         let mut outputs = Vec::with_capacity(batch.len());
         let mut offset = 0;
-        for seq in batch.iter_mut() {
+        for (seq, mask) in batch.iter_mut().zip(masks) {
             let n = seq.tokens.len();
-            let past = seq.cache.len();
             let (k_all, v_all) =
                 seq.cache
-                    .write(l, &k.narrow(0, offset, n)?, &v.narrow(0, offset, n)?)?;
-            // [1, n, H, hd] queries against [1, past + n, KV, hd] keys: query i sees keys
-            // 0..=past + i (the offset is the cache length before this call).
+                    .write(l, &k.narrow(1, offset, n)?, &v.narrow(1, offset, n)?)?;
             let q_s = q.narrow(1, offset, n)?;
-            let y = candle_nn::attention::flash_attn::<f32>(
-                &q_s,
-                &k_all.unsqueeze(0)?,
-                &v_all.unsqueeze(0)?,
-                scale,
-                candle_nn::attention::AttnMask::causal_with_offset(past),
-                None,
-                None,
-            )?; // [1, H, n, hd]
-            self.attention_calls.fetch_add(1, Ordering::Relaxed);
-            let y = y.squeeze(0)?.transpose(0, 1)?.reshape((n, n_head * hd))?;
-            outputs.push(y);
+            outputs.push(self.attention(&q_s, &k_all, &v_all, mask.as_ref())?);
             offset += n;
         }
         let y = if outputs.len() == 1 {
@@ -447,6 +439,90 @@ impl Transformer {
         let ff = layer.down.forward(&(candle_nn::ops::silu(&gate)? * up)?)?;
         Ok((x + ff)?)
     }
+
+    /// Causal attention of one sequence's `n` new queries `q` `[n_head, n, hd]` over its cache
+    /// `k_all`, `v_all` `[n_kv, total, hd]` (views of the cache, not copied; `total = past + n`);
+    /// `mask` `[n, total]` (0 or -inf) when `n > 1`. Returns `[n, n_head * hd]`.
+    ///
+    /// Query heads `r * n_rep ..` share kv head `r` (grouped-query attention): they are grouped
+    /// as `[n_kv, n_rep * rows, hd]` so that each kv head's keys are multiplied once. Queries run
+    /// in blocks of rows whose scores fit in about [`BLOCK_SCORES`] values (cache-sized, and
+    /// memory bounded on long prompts), and a block reads only the keys its last row may see
+    /// (`past + end`): the causal upper triangle is not computed.
+    fn attention(
+        &self,
+        q: &Tensor,
+        k_all: &Tensor,
+        v_all: &Tensor,
+        mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        self.attention_calls.fetch_add(1, Ordering::Relaxed);
+        let cfg = &self.config;
+        let (n_head, n_kv, hd) = (cfg.n_head, cfg.n_kv_head, cfg.head_dim);
+        let n_rep = n_head / n_kv;
+        let (_, n, _) = q.dims3()?;
+        let total = k_all.dim(1)?;
+        let past = total - n;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let rows = (BLOCK_SCORES / (n_head * total).max(1))
+            .max(MIN_BLOCK_ROWS)
+            .min(n.max(1));
+        let q = q.reshape((n_kv, n_rep, n, hd))?;
+        let mut blocks = Vec::with_capacity(n.div_ceil(rows));
+        let mut start = 0;
+        while start < n {
+            let r = rows.min(n - start);
+            // The last row of the block, position past + start + r - 1, sees keys 0..kv.
+            let kv = past + start + r;
+            let q_b = q
+                .narrow(2, start, r)?
+                .contiguous()?
+                .reshape((n_kv, n_rep * r, hd))?;
+            let k_t = k_all.narrow(1, 0, kv)?.t()?; // [n_kv, hd, kv]
+            let att = (q_b.matmul(&k_t)? * scale)?; // [n_kv, n_rep * r, kv]
+            let att = match mask {
+                Some(mask) => att
+                    .reshape((n_kv, n_rep, r, kv))?
+                    .broadcast_add(&mask.narrow(0, start, r)?.narrow(1, 0, kv)?)?
+                    .reshape((n_kv, n_rep * r, kv))?,
+                None => att,
+            };
+            let att = candle_nn::ops::softmax_last_dim(&att)?;
+            let y = att.matmul(&v_all.narrow(1, 0, kv)?)?; // [n_kv, n_rep * r, hd]
+            blocks.push(
+                y.reshape((n_head, r, hd))?
+                    .transpose(0, 1)?
+                    .reshape((r, n_head * hd))?,
+            );
+            start += r;
+        }
+        Ok(if blocks.len() == 1 {
+            blocks.pop().expect("one block")
+        } else {
+            Tensor::cat(&blocks, 0)?
+        })
+    }
+}
+
+/// About the most attention scores (f32) one block of queries holds: 1 Mi values, 4 MiB
+/// (within a core's L2 / L3 share).
+const BLOCK_SCORES: usize = 1 << 20;
+
+/// The fewest query rows of a block (smaller blocks make the matrix products inefficient).
+const MIN_BLOCK_ROWS: usize = 32;
+
+/// The causal mask of `n` new tokens after `past` cached ones: `[n, past + n]` f32, 0 where
+/// query `i` may see key `j` (`j <= past + i`), -inf elsewhere; `None` for one token (it sees
+/// everything). Built once per sequence per forward and shared by every layer.
+fn causal_mask(n: usize, past: usize, device: &Device) -> Result<Option<Tensor>> {
+    if n <= 1 {
+        return Ok(None);
+    }
+    let total = past + n;
+    let mask: Vec<f32> = (0..n)
+        .flat_map(|i| (0..total).map(move |j| if j > past + i { f32::NEG_INFINITY } else { 0.0 }))
+        .collect();
+    Ok(Some(Tensor::from_vec(mask, (n, total), device)?))
 }
 
 impl CausalLm for Transformer {
@@ -464,6 +540,10 @@ impl CausalLm for Transformer {
 
     fn forward(&self, batch: &mut [SeqInput<'_>]) -> Result<Tensor> {
         Transformer::forward(self, batch)
+    }
+
+    fn attention_calls(&self) -> u64 {
+        Transformer::attention_calls(self)
     }
 }
 

@@ -1,0 +1,205 @@
+//! `nucleus generate --model DIR` on a Hugging Face folder written at run time (a tiny random
+//! Qwen3 checkpoint with MiniMind's tokenizer from ../shared), and `--threads`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use candle_core::{Device, Tensor};
+use nucleus_engine::{load_hf_folder, CausalLm, SeqInput};
+
+fn nucleus(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_nucleus"));
+    cmd.args(args)
+        .env_remove("NUCLEUS_MODEL")
+        .env_remove("NUCLEUS_NUM_THREADS")
+        .env_remove("RAYON_NUM_THREADS");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run nucleus")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+struct Folder(PathBuf);
+
+impl Drop for Folder {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A 2-layer Qwen3 (hidden 64, 4 heads of 32, 2 kv heads) with deterministic pseudo-random
+/// weights, tied embeddings, and MiniMind's tokenizer (6,400 ids, EOS `<|im_end|>` = 2).
+fn qwen3_folder(tag: &str, model_type: &str) -> Folder {
+    let dir = std::env::temp_dir().join(format!("nucleus-cli-hf-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let config = serde_json::json!({
+        "model_type": model_type, "vocab_size": 6400, "hidden_size": 64,
+        "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "hidden_act": "silu",
+        "tie_word_embeddings": true, "attention_bias": false, "use_sliding_window": false,
+        "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16"
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).expect("config");
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut values = |n: usize, scale: f32, offset: f32| -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                offset + scale * ((state >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
+            })
+            .collect()
+    };
+    let mut tensors = HashMap::new();
+    let mut put = |name: String, shape: &[usize], scale: f32, offset: f32| {
+        let n = shape.iter().product();
+        let t = Tensor::from_vec(values(n, scale, offset), shape, &Device::Cpu)
+            .and_then(|t| t.to_dtype(candle_core::DType::BF16))
+            .expect("tensor");
+        tensors.insert(name, t);
+    };
+    put("model.embed_tokens.weight".into(), &[6400, 64], 0.5, 0.0);
+    put("model.norm.weight".into(), &[64], 0.1, 1.0);
+    for i in 0..2 {
+        let p = format!("model.layers.{i}");
+        put(format!("{p}.input_layernorm.weight"), &[64], 0.1, 1.0);
+        put(
+            format!("{p}.post_attention_layernorm.weight"),
+            &[64],
+            0.1,
+            1.0,
+        );
+        put(format!("{p}.self_attn.q_norm.weight"), &[32], 0.1, 1.0);
+        put(format!("{p}.self_attn.k_norm.weight"), &[32], 0.1, 1.0);
+        put(
+            format!("{p}.self_attn.q_proj.weight"),
+            &[128, 64],
+            0.125,
+            0.0,
+        );
+        put(
+            format!("{p}.self_attn.k_proj.weight"),
+            &[64, 64],
+            0.125,
+            0.0,
+        );
+        put(
+            format!("{p}.self_attn.v_proj.weight"),
+            &[64, 64],
+            0.125,
+            0.0,
+        );
+        put(
+            format!("{p}.self_attn.o_proj.weight"),
+            &[64, 128],
+            0.09,
+            0.0,
+        );
+        put(format!("{p}.mlp.gate_proj.weight"), &[96, 64], 0.125, 0.0);
+        put(format!("{p}.mlp.up_proj.weight"), &[96, 64], 0.125, 0.0);
+        put(format!("{p}.mlp.down_proj.weight"), &[64, 96], 0.1, 0.0);
+    }
+    candle_core::safetensors::save(&tensors, dir.join("model.safetensors")).expect("save");
+    let tok =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models/minimind-tokenizer");
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(tok.join(f), dir.join(f)).expect("copy the tokenizer");
+    }
+    Folder(dir)
+}
+
+/// The greedy completion of `prompt` computed with the library directly: argmax of each
+/// step's logits until EOS or `max_tokens`, decoded with special tokens skipped.
+fn greedy_with_the_library(dir: &Path, prompt: &str, max_tokens: usize) -> String {
+    let loaded = load_hf_folder(dir, &Device::Cpu).expect("load");
+    let tok = &loaded.tokenizer.tokenizer;
+    let mut ids = tok.encode(prompt, true).expect("encode").get_ids().to_vec();
+    let prompt_len = ids.len();
+    let mut cache = loaded.model.new_cache();
+    let mut pending = ids.clone();
+    for _ in 0..max_tokens {
+        let logits: Vec<f32> = loaded
+            .model
+            .forward(&mut [SeqInput {
+                tokens: &pending,
+                cache: &mut cache,
+            }])
+            .and_then(|t| Ok(t.squeeze(0)?.to_vec1()?))
+            .expect("forward");
+        let next = (0..logits.len())
+            .max_by(|&a, &b| logits[a].total_cmp(&logits[b]).then(b.cmp(&a)))
+            .expect("a row") as u32;
+        if loaded.tokenizer.eos_token_ids.contains(&next) {
+            break;
+        }
+        ids.push(next);
+        pending = vec![next];
+    }
+    tok.decode(&ids[prompt_len..], true).expect("decode")
+}
+
+#[test]
+fn generate_runs_a_hugging_face_folder_greedily_whatever_the_thread_count() {
+    let folder = qwen3_folder("greedy", "qwen3");
+    let dir = folder.0.to_str().expect("utf-8 path");
+    let expected = greedy_with_the_library(&folder.0, "Hello world", 12);
+    assert!(!expected.is_empty());
+    let mut outputs = Vec::new();
+    for threads in ["1", "2"] {
+        let out = nucleus(
+            &[
+                "generate",
+                "--model",
+                dir,
+                "--prompt",
+                "Hello world",
+                "--temperature",
+                "0",
+                "--max-tokens",
+                "12",
+                "--threads",
+                threads,
+            ],
+            &[],
+        );
+        let stderr = text(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert!(stderr.contains("decode: "), "{stderr}");
+        outputs.push(text(&out.stdout));
+    }
+    assert_eq!(outputs[0], outputs[1], "--threads 1 and 2 differ");
+    assert_eq!(outputs[0].trim_end_matches('\n'), expected);
+}
+
+#[test]
+fn bad_folders_and_thread_counts_are_one_error_line() {
+    let folder = qwen3_folder("mamba", "mamba");
+    let dir = folder.0.to_str().expect("utf-8 path");
+    let out = nucleus(&["generate", "--model", dir, "--prompt", "x"], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("model_type `mamba` is not supported; supported: llama, qwen2, qwen3"),
+        "{stderr}"
+    );
+
+    let out = nucleus(&["generate", "--prompt", "x", "--threads", "0"], &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let out = nucleus(
+        &["generate", "--prompt", "x", "--model", dir],
+        &[("NUCLEUS_NUM_THREADS", "many")],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        text(&out.stderr),
+        "error: invalid request: NUCLEUS_NUM_THREADS=`many` is not a positive thread count\n"
+    );
+}
