@@ -297,23 +297,26 @@ fn token_env(args: &ValidateArgs) -> Result<TokenEnv> {
         return Ok(TokenEnv::from_tokenizer(&tokenizer, &eos, vocab)?);
     }
     let path = nucleus_engine::hub::resolve_model(args.model.as_deref())?;
-    let loaded = nucleus_engine::load_model(&path, &nucleus_engine::Device::Cpu)?;
-    for warning in &loaded.warnings {
-        crate::report::warning(&warning.to_string());
-    }
-    let tokenizer = &loaded.tokenizer.tokenizer;
-    let eos = end_tokens(tokenizer, &loaded.tokenizer.eos_token_ids);
+    // A Hugging Face folder's tokenizer is read without its weights; a GGUF file holds both.
+    let (model_tokenizer, vocab) = if path.is_dir() {
+        nucleus_engine::load_hf_tokenizer(&path)?
+    } else {
+        let loaded = nucleus_engine::load_model(&path, &nucleus_engine::Device::Cpu)?;
+        for warning in &loaded.warnings {
+            crate::report::warning(&warning.to_string());
+        }
+        let vocab = loaded.model.config().vocab_size;
+        (loaded.tokenizer, vocab)
+    };
+    let tokenizer = &model_tokenizer.tokenizer;
+    let eos = end_tokens(tokenizer, &model_tokenizer.eos_token_ids);
     if eos.is_empty() {
         bail!(
             "the model {} has no EOS id and none of the end tokens {END_TOKEN_NAMES:?}",
             path.display()
         );
     }
-    Ok(TokenEnv::from_tokenizer(
-        tokenizer,
-        &eos,
-        loaded.model.config().vocab_size,
-    )?)
+    Ok(TokenEnv::from_tokenizer(tokenizer, &eos, vocab)?)
 }
 
 /// The EOS ids: `declared` first, then the special tokens named like end tokens.

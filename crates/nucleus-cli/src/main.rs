@@ -33,7 +33,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Generate text with a GGUF Llama model, every token chosen by nucleus-sampling.
+    /// Generate text with a model (GGUF file or Hugging Face folder), every token chosen by
+    /// nucleus-sampling.
     Generate(GenerateArgs),
     /// Sample real logits: JSON lines in (a file or stdin), one JSON answer per row out.
     Sample(SampleArgs),
@@ -114,7 +115,8 @@ struct SampleArgs {
 
 #[derive(Args, Debug)]
 struct GenerateArgs {
-    /// A prompt (repeat the flag for several requests that run together). "" is BOS alone.
+    /// A prompt (repeat the flag for several requests that run together). "" is BOS alone
+    /// (an error for a tokenizer that adds no BOS, as Qwen's).
     #[arg(long, required = true, allow_hyphen_values = true)]
     prompt: Vec<String>,
     /// The model: a GGUF file (arch llama) or a Hugging Face model folder (model_type llama,

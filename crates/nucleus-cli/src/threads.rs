@@ -8,9 +8,9 @@ use clap::Args;
 #[derive(Args, Debug, Clone, Copy, Default)]
 pub struct Threads {
     /// Threads for the sampler, the operators and the model's matrix products and attention
-    /// (at least 1). Default: $NUCLEUS_NUM_THREADS, else $RAYON_NUM_THREADS, else the number
+    /// (1 to 1024). Default: $NUCLEUS_NUM_THREADS, else $RAYON_NUM_THREADS, else the number
     /// of physical cores
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub threads: Option<u32>,
 }
 

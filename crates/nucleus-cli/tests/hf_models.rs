@@ -200,6 +200,7 @@ fn bad_folders_and_thread_counts_are_one_error_line() {
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(
         text(&out.stderr),
-        "error: invalid request: NUCLEUS_NUM_THREADS=`many` is not a positive thread count\n"
+        "error: invalid request: NUCLEUS_NUM_THREADS=`many` is not a thread count between 1 \
+         and 1024\n"
     );
 }

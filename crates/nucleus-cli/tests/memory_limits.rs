@@ -277,3 +277,45 @@ fn bench_moe_refuses_before_the_table_or_completes() {
         "{table}"
     );
 }
+
+/// A Hugging Face folder whose f32 weights the machine cannot hold: a bf16 embedding of
+/// 4,194,304 × 64 (a 512 MiB sparse file, mapped, not read) needs 1 GiB in f32. Under a
+/// ~977 MiB address space the load is refused before any tensor is converted (the allocation
+/// inside candle used to abort the process with exit 134).
+#[test]
+fn a_model_folder_whose_weights_the_machine_cannot_hold_is_one_error_line() {
+    let dir = temp_dir("hf-oom");
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = serde_json::json!({
+        "model_type": "llama", "vocab_size": 4_194_304, "hidden_size": 64,
+        "intermediate_size": 96, "num_hidden_layers": 1, "num_attention_heads": 4,
+        "max_position_embeddings": 64, "rms_norm_eps": 1e-6
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    sparse_tensors(
+        &dir.join("model.safetensors"),
+        &[("model.embed_tokens.weight", "BF16", &[4_194_304, 64], 2)],
+        &[],
+    );
+    let model = dir.to_str().unwrap();
+    let out = run_under_ulimit(
+        1_000_000,
+        &[
+            "generate",
+            "--model",
+            model,
+            "--prompt",
+            "x",
+            "--threads",
+            "2",
+        ],
+        None,
+    );
+    assert_one_error_line(&out, "cannot hold the weights of");
+    assert!(
+        text(&out.stderr).contains("in f32 (1073741824 bytes)"),
+        "{}",
+        text(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -36,6 +36,15 @@ pub enum EngineError {
     /// A request was malformed (bad parameters, empty prompt without BOS, too long).
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// The memory a model needs could not be had (checked before the allocation, which would
+    /// otherwise abort the process).
+    #[error("cannot hold {what}: {bytes} bytes could not be allocated")]
+    OutOfMemory {
+        /// What needed the memory (e.g. "the f32 weights of DIR").
+        what: String,
+        /// How many bytes.
+        bytes: u64,
+    },
     /// Sampling failed for a request.
     #[error("sampling failed: {0}")]
     Sampling(#[from] nucleus_sampling::SampleError),

@@ -60,7 +60,9 @@ pub use engine::{
 };
 pub use error::{EngineError, Result};
 pub use kv_cache::KvCache;
-pub use loader::{load_gguf, load_gguf_from, load_hf_folder, load_model, LoadedModel};
+pub use loader::{
+    load_gguf, load_gguf_from, load_hf_folder, load_hf_tokenizer, load_model, LoadedModel,
+};
 pub use models::{
     CausalLm, ModelConfig, RopeConfig, RopeLayout, RopeScaling, SeqInput, Transformer,
 };

@@ -36,18 +36,24 @@ pub enum ThreadsSource {
 /// The variable nucleus reads its thread count from.
 pub const NUCLEUS_NUM_THREADS: &str = "NUCLEUS_NUM_THREADS";
 
+/// The most threads [`decide`] accepts. Each pool gets this many OS threads (and candle's
+/// spin before they sleep), so a count far above the cores (`NUCLEUS_NUM_THREADS=99999`: tens of
+/// thousands of threads) would take the machine rather than speed anything up.
+pub const MAX_THREADS: usize = 1024;
+
 /// The thread count `configure` would choose, and where it comes from, without changing
 /// anything.
 ///
 /// # Errors
-/// [`EngineError::InvalidRequest`] when `explicit` is 0, or an environment variable of the
-/// order is set to something other than a positive integer (named with its value).
+/// [`EngineError::InvalidRequest`] when `explicit` is 0 or above [`MAX_THREADS`], or an
+/// environment variable of the order is set to something other than an integer in
+/// `1..=MAX_THREADS` (named with its value).
 pub fn decide(explicit: Option<usize>) -> Result<(usize, ThreadsSource)> {
     if let Some(n) = explicit {
-        if n == 0 {
-            return Err(EngineError::InvalidRequest(
-                "the thread count must be at least 1".to_string(),
-            ));
+        if n == 0 || n > MAX_THREADS {
+            return Err(EngineError::InvalidRequest(format!(
+                "the thread count {n} is not between 1 and {MAX_THREADS}"
+            )));
         }
         return Ok((n, ThreadsSource::Explicit));
     }
@@ -58,9 +64,9 @@ pub fn decide(explicit: Option<usize>) -> Result<(usize, ThreadsSource)> {
         if let Some(value) = std::env::var_os(var) {
             let text = value.to_string_lossy();
             return match text.trim().parse::<usize>() {
-                Ok(n) if n > 0 => Ok((n, source)),
+                Ok(n) if (1..=MAX_THREADS).contains(&n) => Ok((n, source)),
                 _ => Err(EngineError::InvalidRequest(format!(
-                    "{var}={} is not a positive thread count",
+                    "{var}={} is not a thread count between 1 and {MAX_THREADS}",
                     crate::error::quote(text.as_bytes())
                 ))),
             };

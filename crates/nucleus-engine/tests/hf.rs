@@ -501,6 +501,46 @@ fn broken_folders_are_typed_errors_naming_the_thing() -> Result<()> {
         }
         other => panic!("{other:?}"),
     }
+    // One RoPE per layer type (transformers 5's hybrid models) is refused, not ignored.
+    let d = fresh(&|c| {
+        c["rope_parameters"] =
+            json!({"full_attention": {"rope_type": "default", "rope_theta": 1e6}})
+    })?;
+    match load_err(&d.0) {
+        EngineError::Unsupported(m) => assert!(
+            m.contains("`rope_parameters` holds one RoPE per layer type (`full_attention`: ...)"),
+            "{m}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    // Scaling fields without a type, and yarn without its factor, as transformers refuses them.
+    let d = fresh(&|c| c["rope_scaling"] = json!({"factor": 2.0}))?;
+    assert_eq!(
+        invalid_message(load_err(&d.0)),
+        "`rope_scaling` has `factor` but no `rope_type` (or `type`)"
+    );
+    let d = fresh(&|c| {
+        c["rope_scaling"] = json!({"rope_type": "yarn", "original_max_position_embeddings": 32})
+    })?;
+    assert_eq!(
+        invalid_message(load_err(&d.0)),
+        "missing field `rope_scaling.factor` (needed by rope_type \"yarn\")"
+    );
+    // A config.json that is not an object.
+    let d = fresh(&|_| {})?;
+    std::fs::write(d.0.join("config.json"), "[1, 2]")?;
+    assert_eq!(
+        invalid_message(load_err(&d.0)),
+        "an array of 2 values, expected a JSON object"
+    );
+    // Weights that are not a regular file are named as such, not as missing.
+    let d = fresh(&|_| {})?;
+    std::fs::remove_file(d.0.join("model.safetensors"))?;
+    std::fs::create_dir(d.0.join("model.safetensors"))?;
+    assert_eq!(
+        invalid_message(load_err(&d.0)),
+        "not a regular file (a directory)"
+    );
     let d = fresh(&|c| c["use_sliding_window"] = json!(true))?;
     match load_err(&d.0) {
         EngineError::Unsupported(m) => assert!(m.contains("use_sliding_window: true"), "{m}"),
@@ -552,6 +592,50 @@ fn broken_folders_are_typed_errors_naming_the_thing() -> Result<()> {
     assert_eq!(
         invalid_message(load_err(&d.0)),
         "no model.safetensors or model.safetensors.index.json: the folder has no weights"
+    );
+    // With both model.safetensors and an index, model.safetensors is read (transformers'
+    // preference): here the index names a shard that does not exist.
+    let d = fresh(&|_| {})?;
+    std::fs::write(
+        d.0.join("model.safetensors.index.json"),
+        r#"{"weight_map": {"model.norm.weight": "gone.safetensors"}}"#,
+    )?;
+    load_model(&d.0, &Device::Cpu)?;
+    // A truncated shard is named, not the first one.
+    let d = TempDir::new("truncated-shard");
+    write_folder(&d.0, &config, &weights, DType::F32, 2)?;
+    let second = d.0.join("model-00002-of-00002.safetensors");
+    let len = std::fs::metadata(&second)?.len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&second)?
+        .set_len(len - 4)?;
+    match load_err(&d.0) {
+        EngineError::InvalidModel { path, message } => {
+            assert_eq!(path, second, "{message}");
+            assert!(
+                message.starts_with("cannot map or parse the safetensors file"),
+                "{message}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // Tensors are read from the shard the index names: an index putting `model.norm.weight`
+    // (written to the second shard) in the first is an error naming both.
+    let d = TempDir::new("misrouted");
+    write_folder(&d.0, &config, &weights, DType::F32, 2)?;
+    let index_path = d.0.join("model.safetensors.index.json");
+    let mut index: Value = serde_json::from_slice(&std::fs::read(&index_path)?)?;
+    assert_eq!(
+        index["weight_map"]["model.norm.weight"],
+        "model-00002-of-00002.safetensors"
+    );
+    index["weight_map"]["model.norm.weight"] = json!("model-00001-of-00002.safetensors");
+    std::fs::write(&index_path, serde_json::to_vec(&index)?)?;
+    assert_eq!(
+        invalid_message(load_err(&d.0)),
+        "missing tensor `model.norm.weight`: model.safetensors.index.json puts it in \
+         `model-00001-of-00002.safetensors`, which does not hold it"
     );
     // A sharded index naming a missing file.
     let d = TempDir::new("missing-shard");

@@ -62,6 +62,9 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 3] = ["llama", "qwen2", "qwen3"];
 /// real ones are at most a few MB (a sharded index of a large model ~100 KB).
 const MAX_JSON_BYTES: u64 = 64 << 20;
 
+/// The most bytes of a tokenizer.json (real ones: 2-35 MB; Gemma's, the largest we know, 33 MB).
+const MAX_TOKENIZER_BYTES: u64 = 256 << 20;
+
 /// Loads the model, tokenizer and special ids of the Hugging Face folder `dir` onto `device`
 /// (see the module docs for what is read).
 ///
@@ -88,22 +91,53 @@ pub fn load_hf_folder(dir: &Path, device: &Device) -> Result<LoadedModel> {
     let mut model_config = model_config(&cfg)?;
 
     let weights_files = weight_files(dir)?;
-    // SAFETY: the files are mapped read-only; as with every mmap, a concurrent truncation of a
-    // file by another process would fault (memmap2's documented caveat, as for candle and
-    // transformers' safetensors loading).
-    let st = unsafe { MmapedSafetensors::multi(&weights_files.files) }.map_err(|e| {
-        invalid(
-            &weights_files.files[0],
-            format!("not a readable safetensors file: {}", candle_message(&e)),
-        )
-    })?;
+    let mut shards = Vec::with_capacity(weights_files.files.len());
+    for path in &weights_files.files {
+        // SAFETY: the file is mapped read-only; as with every mmap, a concurrent truncation of
+        // the file by another process would fault (memmap2's documented caveat, as for candle
+        // and transformers' safetensors loading).
+        let st = unsafe { MmapedSafetensors::new(path) }.map_err(|e| {
+            invalid(
+                path,
+                format!(
+                    "cannot map or parse the safetensors file: {}",
+                    candle_message(&e)
+                ),
+            )
+        })?;
+        shards.push(st);
+    }
+    // Each tensor is read from the shard the index names (transformers' rule), else from the
+    // single file.
+    let mut routing = std::collections::HashMap::new();
+    match &weights_files.index {
+        Some(index) => {
+            let file_index: std::collections::HashMap<&str, usize> = weights_files
+                .names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (n.as_str(), i))
+                .collect();
+            for (tensor, file) in index {
+                routing.insert(tensor.clone(), file_index[file.as_str()]);
+            }
+        }
+        None => {
+            for (name, _) in shards[0].tensors() {
+                routing.insert(name, 0);
+            }
+        }
+    }
     let reader = TensorReader {
-        st: &st,
+        shards: &shards,
+        files: &weights_files.files,
+        routing,
         dir,
         index: weights_files.index.as_ref(),
         device,
         used: Default::default(),
     };
+    reader.check_memory()?;
     let weights = read_weights(&reader, &mut model_config)?;
     let unused = reader.unused();
     if let Some(first) = unused.first() {
@@ -126,6 +160,24 @@ pub fn load_hf_folder(dir: &Path, device: &Device) -> Result<LoadedModel> {
         tokenizer,
         warnings,
     })
+}
+
+/// The tokenizer and special ids of the Hugging Face folder `dir`, and the model's vocabulary
+/// size (the embedding's rows, from config.json), without reading the weights: what a grammar
+/// needs. The same checks as [`load_hf_folder`] on config.json and the tokenizer files.
+///
+/// # Errors
+/// As [`load_hf_folder`]'s for those files.
+pub fn load_hf_tokenizer(dir: &Path) -> Result<(ModelTokenizer, usize)> {
+    let config_path = dir.join("config.json");
+    let config = read_json(&config_path, "the model's configuration")?;
+    let cfg = Json {
+        path: &config_path,
+        value: &config,
+    };
+    let model_config = model_config(&cfg)?;
+    let tokenizer = read_tokenizer(dir, &cfg, &model_config)?;
+    Ok((tokenizer, model_config.vocab_size))
 }
 
 /// A JSON document and the file it came from, for messages.
@@ -260,7 +312,15 @@ fn read_json(path: &Path, what: &str) -> Result<Value> {
         path: path.to_path_buf(),
         source,
     })?;
-    serde_json::from_slice(&bytes).map_err(|e| invalid(path, format!("not valid JSON: {e}")))
+    let value: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| invalid(path, format!("not valid JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(invalid(
+            path,
+            format!("{}, expected a JSON object", describe(&value)),
+        ));
+    }
+    Ok(value)
 }
 
 /// An optional JSON file: `Ok(None)` when it does not exist.
@@ -303,7 +363,11 @@ fn model_config(cfg: &Json<'_>) -> Result<ModelConfig> {
     let ffn_size = cfg.usize("intermediate_size")?;
     let n_layer = cfg.usize("num_hidden_layers")?;
     let n_head = cfg.usize("num_attention_heads")?;
-    let n_kv_head = cfg.opt_usize("num_key_value_heads")?.unwrap_or(n_head);
+    // The defaults of the families' config classes: LlamaConfig `None` → the head count;
+    // Qwen2Config and Qwen3Config 32 (configuration_qwen2.py / configuration_qwen3.py).
+    let n_kv_head = cfg
+        .opt_usize("num_key_value_heads")?
+        .unwrap_or(if model_type == "llama" { n_head } else { 32 });
     let vocab_size = cfg.usize("vocab_size")?;
     let context_length = cfg.usize("max_position_embeddings")?;
     let rms_norm_eps = cfg
@@ -319,6 +383,8 @@ fn model_config(cfg: &Json<'_>) -> Result<ModelConfig> {
     }
     let head_dim = match cfg.opt_usize("head_dim")? {
         Some(d) => d,
+        // Qwen3Config's default head_dim is 128, not hidden / heads.
+        None if model_type == "qwen3" => 128,
         None => {
             if hidden_size % n_head != 0 {
                 return Err(cfg.err(format!(
@@ -443,8 +509,35 @@ fn rope_config(cfg: &Json<'_>, max_position_embeddings: usize) -> Result<RopeCon
     let Some(p) = params else {
         return Ok(rope);
     };
+    // transformers 5 may give one RoPE per layer type (`{"full_attention": {...}, ...}`):
+    // hybrid-attention models, which these families are not.
+    if let Some((key, _)) = p
+        .as_object()
+        .and_then(|o| o.iter().find(|(_, v)| v.is_object()))
+    {
+        return Err(unsupported(
+            cfg.path,
+            format!(
+                "`{field}` holds one RoPE per layer type ({}: ...); these families have one",
+                quote(key.as_bytes())
+            ),
+        ));
+    }
     let rope_type = match p.get("rope_type").or_else(|| p.get("type")) {
-        None | Some(Value::Null) => "default",
+        // Only the base given (transformers 5's `{"rope_theta": ...}`): default RoPE. Scaling
+        // fields without a type are refused, as transformers refuses them.
+        None | Some(Value::Null) => {
+            let other = p
+                .as_object()
+                .and_then(|o| o.keys().find(|k| k.as_str() != "rope_theta"));
+            if let Some(key) = other {
+                return Err(cfg.err(format!(
+                    "`{field}` has {} but no `rope_type` (or `type`)",
+                    quote(key.as_bytes())
+                )));
+            }
+            "default"
+        }
         Some(Value::String(s)) => s.as_str(),
         Some(v) => {
             return Err(cfg.err(format!(
@@ -491,10 +584,8 @@ fn rope_config(cfg: &Json<'_>, max_position_embeddings: usize) -> Result<RopeCon
                 Some(v) => positive("original_max_position_embeddings", Some(v))?,
                 None => max_position_embeddings as f64,
             };
-            let factor = match num("factor")? {
-                Some(v) => positive("factor", Some(v))?,
-                None => max_position_embeddings as f64 / original,
-            };
+            // Required, as transformers' `_validate_yarn_parameters` requires it.
+            let factor = positive("factor", num("factor")?)?;
             let attention_factor = match num("attention_factor")? {
                 Some(a) => a,
                 None => match (num("mscale")?, num("mscale_all_dim")?) {
@@ -544,23 +635,42 @@ fn rope_config(cfg: &Json<'_>, max_position_embeddings: usize) -> Result<RopeCon
 /// The safetensors files of a folder, and the index that named them.
 struct WeightFiles {
     files: Vec<PathBuf>,
+    /// The file names of `files`, as the index writes them.
+    names: Vec<String>,
     /// `model.safetensors.index.json`'s `weight_map` (tensor → file name), when sharded.
     index: Option<BTreeMap<String, String>>,
 }
 
-/// `model.safetensors`, or the shards of `model.safetensors.index.json`.
+/// `model.safetensors` (preferred when both exist, as transformers prefers it), or the shards of
+/// `model.safetensors.index.json`.
 fn weight_files(dir: &Path) -> Result<WeightFiles> {
+    let single = dir.join("model.safetensors");
+    if regular_file(&single)? {
+        return Ok(WeightFiles {
+            files: vec![single],
+            names: vec!["model.safetensors".to_string()],
+            index: None,
+        });
+    }
     let index_path = dir.join("model.safetensors.index.json");
     if let Some(index) = read_optional_json(&index_path, "the shard index")? {
         let json = Json {
             path: &index_path,
             value: &index,
         };
-        let Some(Value::Object(map)) = index.get("weight_map") else {
-            return Err(json.err("missing object `weight_map` (tensor name → shard file)"));
+        let map = match index.get("weight_map") {
+            Some(Value::Object(map)) => map,
+            Some(other) => {
+                return Err(json.err(format!(
+                    "`weight_map` is {}, expected an object (tensor name → shard file)",
+                    describe(other)
+                )))
+            }
+            None => return Err(json.err("missing object `weight_map` (tensor name → shard file)")),
         };
         let mut weight_map = BTreeMap::new();
         let mut files: Vec<PathBuf> = Vec::new();
+        let mut names: Vec<String> = Vec::new();
         let mut seen = HashSet::new();
         for (tensor, file) in map {
             let Value::String(file) = file else {
@@ -580,7 +690,7 @@ fn weight_files(dir: &Path) -> Result<WeightFiles> {
             }
             if seen.insert(file.clone()) {
                 let path = dir.join(file);
-                if !path.is_file() {
+                if !regular_file(&path)? {
                     return Err(json.err(format!(
                         "weight_map names the shard {} (for tensor {}), which is missing",
                         quote(file.as_bytes()),
@@ -588,6 +698,7 @@ fn weight_files(dir: &Path) -> Result<WeightFiles> {
                     )));
                 }
                 files.push(path);
+                names.push(file.clone());
             }
             weight_map.insert(tensor.clone(), file.clone());
         }
@@ -596,14 +707,8 @@ fn weight_files(dir: &Path) -> Result<WeightFiles> {
         }
         return Ok(WeightFiles {
             files,
+            names,
             index: Some(weight_map),
-        });
-    }
-    let single = dir.join("model.safetensors");
-    if single.is_file() {
-        return Ok(WeightFiles {
-            files: vec![single],
-            index: None,
         });
     }
     let other = [
@@ -627,9 +732,33 @@ fn weight_files(dir: &Path) -> Result<WeightFiles> {
     ))
 }
 
+/// Whether `path` is a regular file (symbolic links followed): `Ok(false)` when it does not
+/// exist, an error naming it when it is something else (a directory, a FIFO, a device), which
+/// is never opened.
+fn regular_file(path: &Path) -> Result<bool> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => Ok(true),
+        Ok(m) => Err(invalid(
+            path,
+            format!(
+                "not a regular file ({})",
+                crate::hub::file_kind(&m.file_type())
+            ),
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(source) => Err(EngineError::Io {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
 /// Reads tensors by name with the shape and dtype checks of [`load_hf_folder`].
 struct TensorReader<'a> {
-    st: &'a MmapedSafetensors,
+    shards: &'a [MmapedSafetensors],
+    files: &'a [PathBuf],
+    /// Tensor name → index of its shard.
+    routing: std::collections::HashMap<String, usize>,
     dir: &'a Path,
     index: Option<&'a BTreeMap<String, String>>,
     device: &'a Device,
@@ -637,13 +766,56 @@ struct TensorReader<'a> {
 }
 
 impl TensorReader<'_> {
+    fn get(&self, name: &str) -> Option<safetensors::tensor::TensorView<'_>> {
+        let shard = *self.routing.get(name)?;
+        self.shards[shard].get(name).ok()
+    }
+
     fn has(&self, name: &str) -> bool {
-        self.st.get(name).is_ok()
+        self.get(name).is_some()
+    }
+
+    /// Reserves (and releases) the memory the f32 weights will take, so that a checkpoint the
+    /// machine cannot hold is an error before any tensor is converted (an allocation failing
+    /// inside candle would abort the process): 4 bytes per element of every tensor the
+    /// checkpoint routes, plus the largest tensor in its file's dtype (the conversion's
+    /// intermediate).
+    fn check_memory(&self) -> Result<()> {
+        let mut total: u64 = 0;
+        let mut largest: u64 = 0;
+        for (name, &shard) in &self.routing {
+            let Ok(view) = self.shards[shard].get(name) else {
+                continue;
+            };
+            let elems = view
+                .shape()
+                .iter()
+                .try_fold(1u64, |a, &d| a.checked_mul(d as u64))
+                .unwrap_or(u64::MAX);
+            total = total.saturating_add(elems.saturating_mul(4));
+            largest =
+                largest.max(elems.saturating_mul((view.dtype().bitsize() as u64).div_ceil(8)));
+        }
+        let bytes = total.saturating_add(largest);
+        let fits = usize::try_from(bytes)
+            .ok()
+            .is_some_and(|b| Vec::<u8>::new().try_reserve_exact(b).is_ok());
+        if !fits {
+            return Err(EngineError::OutOfMemory {
+                what: format!(
+                    "the weights of {} in f32 ({} bytes) and one tensor's conversion",
+                    shown_path(self.dir),
+                    total
+                ),
+                bytes,
+            });
+        }
+        Ok(())
     }
 
     /// The tensor `name` of shape `shape` as f32.
     fn read(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        let view = self.st.get(name).map_err(|_| {
+        let view = self.get(name).ok_or_else(|| {
             let message = match self.index.and_then(|i| i.get(name)) {
                 Some(file) => format!(
                     "missing tensor {}: model.safetensors.index.json puts it in {}, which does \
@@ -677,9 +849,10 @@ impl TensorReader<'_> {
                 ),
             ));
         }
+        let file = &self.files[self.routing[name]];
         let t = view.load(self.device).map_err(|e| {
             invalid(
-                self.dir,
+                file,
                 format!("tensor {}: {}", quote(name.as_bytes()), candle_message(&e)),
             )
         })?;
@@ -704,11 +877,10 @@ impl TensorReader<'_> {
     fn unused(&self) -> Vec<String> {
         let used = self.used.borrow();
         let mut unused: Vec<String> = self
-            .st
-            .tensors()
-            .into_iter()
-            .map(|(name, _)| name)
-            .filter(|n| !used.contains(n) && !n.ends_with("rotary_emb.inv_freq"))
+            .routing
+            .keys()
+            .filter(|n| !used.contains(*n) && !n.ends_with("rotary_emb.inv_freq"))
+            .cloned()
             .collect();
         unused.sort();
         unused
@@ -719,7 +891,7 @@ impl TensorReader<'_> {
 fn read_weights(r: &TensorReader<'_>, config: &mut ModelConfig) -> Result<Weights> {
     let c = config.clone();
     let embed_name = "model.embed_tokens.weight";
-    if let Ok(view) = r.st.get(embed_name) {
+    if let Some(view) = r.get(embed_name) {
         config.weight_dtype = format!("{:?}", view.dtype()).to_lowercase();
     }
     let embed = r.read(embed_name, &[c.vocab_size, c.hidden_size])?;
@@ -846,7 +1018,22 @@ fn read_tokenizer(dir: &Path, cfg: &Json<'_>, model: &ModelConfig) -> Result<Mod
         )
     })?;
     if !meta.is_file() {
-        return Err(invalid(&path, "not a regular file"));
+        return Err(invalid(
+            &path,
+            format!(
+                "not a regular file ({})",
+                crate::hub::file_kind(&meta.file_type())
+            ),
+        ));
+    }
+    if meta.len() > MAX_TOKENIZER_BYTES {
+        return Err(invalid(
+            &path,
+            format!(
+                "{} bytes, more than the {MAX_TOKENIZER_BYTES} a tokenizer.json may have",
+                meta.len()
+            ),
+        ));
     }
     let mut tokenizer = Tokenizer::from_file(&path).map_err(|e| {
         invalid(
@@ -930,10 +1117,12 @@ fn read_tokenizer(dir: &Path, cfg: &Json<'_>, model: &ModelConfig) -> Result<Mod
     if matches!(class, "LlamaTokenizer" | "LlamaTokenizerFast") {
         let add_bos = tc.opt_bool("add_bos_token")?.unwrap_or(true);
         let add_eos = tc.opt_bool("add_eos_token")?.unwrap_or(false);
+        // The tokenizer's own special tokens, as LlamaTokenizerFast's template uses them.
+        let bos_one = token_id(&tc, "bos_token")?.or(bos);
         let eos_one = token_id(&tc, "eos_token")?.or(eos.first().copied());
         let template = bos_eos_template(
             &|id| tokenizer.id_to_token(id),
-            bos,
+            bos_one,
             eos_one,
             add_bos,
             add_eos,

@@ -22,7 +22,7 @@ use crate::models::CausalLm;
 use crate::tokenizer::ModelTokenizer;
 
 pub use gguf::{load_gguf, load_gguf_from};
-pub use hf::{load_hf_folder, SUPPORTED_MODEL_TYPES};
+pub use hf::{load_hf_folder, load_hf_tokenizer, SUPPORTED_MODEL_TYPES};
 
 /// A model, its tokenizer and the warnings of its loading, from [`load_model`],
 /// [`load_gguf`] or [`load_hf_folder`].
