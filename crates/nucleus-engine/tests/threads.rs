@@ -31,12 +31,20 @@ fn explicit_then_nucleus_then_rayon_then_physical_cores() {
     std::env::set_var("NUCLEUS_NUM_THREADS", "lots");
     let e = decide(None).expect_err("not a number").to_string();
     assert!(
-        e.contains("NUCLEUS_NUM_THREADS=`lots` is not a positive thread count"),
+        e.contains("NUCLEUS_NUM_THREADS=`lots` is not a thread count between 1 and 1024"),
         "{e}"
     );
-    std::env::set_var("NUCLEUS_NUM_THREADS", "0");
-    assert!(decide(None).is_err());
+    // 0 and counts that would take the machine (99,999 threads per pool) are refused.
+    for bad in ["0", "99999", "-1"] {
+        std::env::set_var("NUCLEUS_NUM_THREADS", bad);
+        assert!(decide(None).is_err(), "{bad}");
+    }
     assert!(decide(Some(0)).is_err());
+    assert!(decide(Some(1025)).is_err());
+    assert_eq!(
+        decide(Some(1024)).expect("the most"),
+        (1024, ThreadsSource::Explicit)
+    );
 
     // configure exports the decision for candle and sizes rayon's global pool.
     std::env::remove_var("NUCLEUS_NUM_THREADS");
