@@ -13,7 +13,8 @@ pub enum EngineError {
         /// The OS error.
         source: std::io::Error,
     },
-    /// The file is not a GGUF model we can load (bad magic, truncated, missing tensor or key).
+    /// The file (or model folder) is not a model we can load: a corrupt or truncated GGUF or
+    /// safetensors file, a missing tensor, key or field, a wrong shape.
     #[error("invalid model file {}: {message}", shown_path(path))]
     InvalidModel {
         /// The file.
@@ -21,7 +22,8 @@ pub enum EngineError {
         /// What was wrong.
         message: String,
     },
-    /// The GGUF file holds an architecture or tokenizer kind we do not run.
+    /// The model is of an architecture, `model_type`, tokenizer kind or feature (a `rope_type`,
+    /// sliding-window attention) we do not run.
     #[error("unsupported model: {0}")]
     Unsupported(String),
     /// No model was given and none could be fetched.
