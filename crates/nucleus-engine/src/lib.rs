@@ -6,10 +6,10 @@
 //! - [`load_model`] reads a model from a Hugging Face folder ([`load_hf_folder`]: config.json,
 //!   safetensors weights, tokenizer.json; `model_type` llama, qwen2, qwen3) or a GGUF file
 //!   ([`load_gguf`]: llama.cpp's format, its header through our checked parser,
-//!   [`gguf::read_content`], which refuses corrupt files; arch `llama`, f32 or any quantized
-//!   type candle supports; the tokenizer built from the metadata), giving a model behind the
-//!   one interface the engine sees, [`CausalLm`], its [`ModelTokenizer`] and the warnings of
-//!   what was ignored ([`LoadedModel::warnings`]). Loaders live in [`loader`], the model in
+//!   [`gguf::read_content`], which refuses corrupt files; arch `llama`, `qwen2` or `qwen3`,
+//!   f32 or any quantized type candle supports; the tokenizer built from the metadata), giving
+//!   a model behind the one interface the engine sees, [`CausalLm`], its [`ModelTokenizer`]
+//!   and the warnings of what was ignored ([`LoadedModel::warnings`]). Loaders live in [`loader`], the model in
 //!   [`models`]: one decoder-only [`Transformer`] parameterised by its [`ModelConfig`].
 //! - [`CausalLm::forward`] runs the new tokens of many sequences in one pass: the linear
 //!   layers on all rows at once, attention per sequence over its own [`KvCache`].

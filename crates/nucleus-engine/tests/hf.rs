@@ -660,3 +660,57 @@ fn broken_folders_are_typed_errors_naming_the_thing() -> Result<()> {
     );
     Ok(())
 }
+
+/// The same random weights written as a Hugging Face folder and as a GGUF file (by llama.cpp's
+/// converter's rules: q/k permuted into adjacent pairs for `llama` only, rotate-half kept for
+/// `qwen2` / `qwen3`) give the same logits, for each family; f16 GGUF tensors equal the
+/// folder of the f16-rounded weights.
+#[test]
+fn hugging_face_folders_and_gguf_files_give_the_same_logits() -> Result<()> {
+    use candle_core::quantized::GgmlDType;
+    for (model_type, tied) in [("llama", false), ("qwen2", true), ("qwen3", false)] {
+        let mut config = tiny_config(model_type);
+        config["tie_word_embeddings"] = json!(tied);
+        let (dir, weights) = checkpoint(model_type, &config, 111)?;
+        let gguf = common::TempFile(common::temp_path("model.gguf"));
+        common::hf::write_gguf(&gguf.0, &config, &weights, model_type, GgmlDType::F32)?;
+        let loaded = load_model(&gguf.0, &Device::Cpu)?;
+        assert_eq!(loaded.model.config().architecture, model_type);
+        assert_eq!(loaded.model.config().tie_word_embeddings, tied);
+        let from_gguf = {
+            let model = &loaded.model;
+            let mut cache = model.new_cache();
+            let mut out = vec![run(model, &mut cache, &PROMPT)?];
+            for t in DECODE {
+                out.push(run(model, &mut cache, &[t])?);
+            }
+            out
+        };
+        compare(
+            &format!("{model_type}: GGUF vs Hugging Face folder"),
+            &from_gguf,
+            &ours(&dir.0)?,
+        );
+        // f16 tensors: the folder of the f16-rounded weights (norms and biases stay f32).
+        let half = common::TempFile(common::temp_path("model-f16.gguf"));
+        common::hf::write_gguf(&half.0, &config, &weights, model_type, GgmlDType::F16)?;
+        let mut rounded_2d = weights.clone();
+        for (shape, values) in rounded_2d.values_mut() {
+            if shape.len() == 2 {
+                *values = Tensor::from_vec(values.clone(), values.len(), &Device::Cpu)?
+                    .to_dtype(DType::F16)?
+                    .to_dtype(DType::F32)?
+                    .to_vec1()?;
+            }
+        }
+        let exact = TempDir::new("f16-exact");
+        write_folder(&exact.0, &config, &rounded_2d, DType::F32, 1)?;
+        let loaded = load_model(&half.0, &Device::Cpu)?;
+        let mut cache = loaded.model.new_cache();
+        let h = run(&loaded.model, &mut cache, &PROMPT)?;
+        let e = ours(&exact.0)?;
+        let d = max_abs_diff(&h, &e[0]);
+        assert!(d < TOL, "{model_type} f16 GGUF vs rounded folder: {d}");
+    }
+    Ok(())
+}

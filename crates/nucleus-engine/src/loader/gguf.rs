@@ -41,8 +41,8 @@ use crate::tokenizer::ModelTokenizer;
 ///   file, is truncated or corrupt (every check of [`crate::gguf::read_content`]), lacks a
 ///   tensor or metadata key, has a tensor of the wrong shape, has malformed tokenizer metadata,
 ///   or a BOS or EOS id outside the vocabulary;
-/// - [`EngineError::Unsupported`] for an architecture other than `llama` or a tokenizer kind
-///   other than `llama` / `gpt2`.
+/// - [`EngineError::Unsupported`] for an architecture other than `llama`, `qwen2`, `qwen3`,
+///   or a tokenizer kind other than `llama` / `gpt2`.
 pub fn load_gguf(path: &Path, device: &Device) -> Result<LoadedModel> {
     let _span = tracing::debug_span!("load_gguf", path = %path.display()).entered();
     // Opening a FIFO would block, and a device has no length: only regular files are read.

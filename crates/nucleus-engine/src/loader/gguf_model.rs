@@ -1,5 +1,8 @@
-//! GGUF arch `llama` onto the [`Transformer`]: hyper-parameters from the `llama.*` metadata,
-//! weights from the tensors (llama.cpp's names), the adjacent-pair RoPE layout GGUF stores.
+//! GGUF archs `llama`, `qwen2` and `qwen3` onto the [`Transformer`]: hyper-parameters from the
+//! `{arch}.*` metadata, weights from the tensors (llama.cpp's names, `llama-arch.cpp`), and the
+//! RoPE layout llama.cpp's converter leaves: it permutes q/k into adjacent pairs for arch
+//! `llama` only (`convert_hf_to_gguf.py`, `LlamaModel.permute`); `qwen2` / `qwen3` keep Hugging
+//! Face's order and use rotate-half ("neox") RoPE (`llama_model_rope_type`).
 
 use std::io::{Read, Seek};
 use std::path::Path;
@@ -12,17 +15,22 @@ use crate::loader::gguf::{invalid, md_f64, md_str, md_u64, md_usize};
 use crate::models::transformer::{LayerWeights, Linear, ModelConfig, Weights};
 use crate::models::{RopeConfig, RopeLayout, RopeScaling, Transformer};
 
+/// The GGUF architectures [`transformer_from_gguf`] maps onto the transformer.
+pub const SUPPORTED_ARCHS: [&str; 3] = ["llama", "qwen2", "qwen3"];
+
 /// Builds the model from a parsed GGUF file: `content` from
 /// [`crate::gguf::read_content`] (whose checks the tensor reads rely on: offsets, sizes and
 /// types of the tensor descriptions), `reader` the same file (tensor data is read from it),
 /// `path` only for error messages, weights placed on `device`.
 ///
-/// Metadata read (required unless a default is given): `general.architecture` (must be
-/// `llama`), `llama.embedding_length`, `llama.block_count`, `llama.attention.head_count`,
-/// `llama.attention.head_count_kv` (default: head_count), `llama.feed_forward_length`,
-/// `llama.context_length`, `llama.attention.layer_norm_rms_epsilon`,
-/// `llama.rope.freq_base` (default 10000), `llama.rope.dimension_count` (default and only
-/// supported value: head_dim). Linear RoPE scaling (`llama.rope.scaling.type = linear`,
+/// Metadata read (required unless a default is given; `A` is the architecture):
+/// `general.architecture` (`llama`, `qwen2` or `qwen3`), `A.embedding_length`,
+/// `A.block_count`, `A.attention.head_count`, `A.attention.head_count_kv` (default:
+/// head_count), `A.feed_forward_length`, `A.context_length`,
+/// `A.attention.layer_norm_rms_epsilon`, `A.rope.freq_base` (default 10000),
+/// `A.attention.key_length` / `value_length` (the head dimension, default
+/// embedding_length / head_count; Qwen3-0.6B's is 128, not 64), `A.rope.dimension_count`
+/// (default and only supported value: head_dim). Linear RoPE scaling (`llama.rope.scaling.type = linear`,
 /// `llama.rope.scaling.factor`) divides positions by the factor, and a `rope_freqs.weight`
 /// tensor divides each pair's frequency by its entry, as llama.cpp does.
 ///
@@ -32,6 +40,8 @@ use crate::models::{RopeConfig, RopeLayout, RopeScaling, Transformer};
 /// `attn_output [hidden, n_head*head_dim]`, `ffn_norm [hidden]`, `ffn_gate`/`ffn_up
 /// [ffn, hidden]`, `ffn_down [hidden, ffn]`, then `output_norm.weight [hidden]` and the
 /// optional `output.weight [vocab, hidden]` (tied to `token_embd.weight` when absent).
+/// `qwen2` also `blk.{i}.attn_{q,k,v}.bias`; `qwen3` also `blk.{i}.attn_{q,k}_norm.weight
+/// [head_dim]`; `llama` the optional `attn_{q,k,v,output}.bias` (all layers or none).
 ///
 /// Errors: [`EngineError::Unsupported`] for another architecture or a feature we do not run
 /// (MoE, partial or non-linear-scaled RoPE, per-head key/value lengths other than head_dim);
@@ -52,119 +62,128 @@ pub(crate) fn transformer_from_gguf<R: Read + Seek>(
 
     let arch = md_result(path, md_str(content, "general.architecture"))?
         .ok_or_else(|| invalid(path, "missing metadata key `general.architecture`"))?;
-    if arch != "llama" {
+    if !SUPPORTED_ARCHS.contains(&arch) {
         return Err(EngineError::Unsupported(format!(
-            "{}: architecture {} (general.architecture); only `llama` is supported",
+            "{}: architecture {} (general.architecture); supported: {}",
             crate::error::shown_path(path),
-            quote(arch.as_bytes())
+            quote(arch.as_bytes()),
+            SUPPORTED_ARCHS.join(", ")
         )));
     }
-    if md_result(path, md_u64(content, "llama.expert_count"))?.unwrap_or(0) > 1 {
+    let key = |k: &str| format!("{arch}.{k}");
+    if md_result(path, md_u64(content, &key("expert_count")))?.unwrap_or(0) > 1 {
         return Err(EngineError::Unsupported(format!(
-            "{}: mixture-of-experts llama (llama.expert_count > 1)",
+            "{}: mixture-of-experts {arch} ({arch}.expert_count > 1)",
             crate::error::shown_path(path)
         )));
     }
 
-    let hidden_size = required("llama.embedding_length")?;
-    let n_layer = required("llama.block_count")?;
-    let n_head = required("llama.attention.head_count")?;
+    let hidden_size = required(&key("embedding_length"))?;
+    let n_layer = required(&key("block_count"))?;
+    let n_head = required(&key("attention.head_count"))?;
     let n_kv_head =
-        md_result(path, md_usize(content, "llama.attention.head_count_kv"))?.unwrap_or(n_head);
-    let ffn_size = required("llama.feed_forward_length")?;
-    let context_length = required("llama.context_length")?;
-    let rms_norm_eps = md_result(
-        path,
-        md_f64(content, "llama.attention.layer_norm_rms_epsilon"),
-    )?
-    .ok_or_else(|| {
-        invalid(
-            path,
-            "missing metadata key `llama.attention.layer_norm_rms_epsilon`",
-        )
-    })?;
-    let rope_theta = md_result(path, md_f64(content, "llama.rope.freq_base"))?.unwrap_or(10_000.0);
+        md_result(path, md_usize(content, &key("attention.head_count_kv")))?.unwrap_or(n_head);
+    let ffn_size = required(&key("feed_forward_length"))?;
+    let context_length = required(&key("context_length"))?;
+    let eps_key = key("attention.layer_norm_rms_epsilon");
+    let rms_norm_eps = md_result(path, md_f64(content, &eps_key))?
+        .ok_or_else(|| invalid(path, format!("missing metadata key `{eps_key}`")))?;
+    let rope_theta = md_result(path, md_f64(content, &key("rope.freq_base")))?.unwrap_or(10_000.0);
 
-    for (key, v) in [
-        ("llama.embedding_length", hidden_size),
-        ("llama.block_count", n_layer),
-        ("llama.attention.head_count", n_head),
-        ("llama.attention.head_count_kv", n_kv_head),
-        ("llama.feed_forward_length", ffn_size),
-        ("llama.context_length", context_length),
+    for (k, v) in [
+        ("embedding_length", hidden_size),
+        ("block_count", n_layer),
+        ("attention.head_count", n_head),
+        ("attention.head_count_kv", n_kv_head),
+        ("feed_forward_length", ffn_size),
+        ("context_length", context_length),
     ] {
         if v == 0 {
-            return Err(invalid(path, format!("metadata `{key}` is 0")));
+            return Err(invalid(path, format!("metadata `{arch}.{k}` is 0")));
         }
     }
-    if hidden_size % n_head != 0 {
+    if !n_head.is_multiple_of(n_kv_head) {
         return Err(invalid(
             path,
             format!(
-                "llama.embedding_length {hidden_size} is not a multiple of \
-                 llama.attention.head_count {n_head}"
+                "{arch}.attention.head_count {n_head} is not a multiple of \
+                 {arch}.attention.head_count_kv {n_kv_head}"
             ),
         ));
     }
-    if n_head % n_kv_head != 0 {
-        return Err(invalid(
-            path,
-            format!(
-                "llama.attention.head_count {n_head} is not a multiple of \
-                 llama.attention.head_count_kv {n_kv_head}"
-            ),
-        ));
-    }
-    let head_dim = hidden_size / n_head;
-    if head_dim % 2 != 0 {
-        return Err(invalid(path, format!("head dimension {head_dim} is odd")));
-    }
-    for key in ["llama.attention.key_length", "llama.attention.value_length"] {
-        if let Some(v) = md_result(path, md_usize(content, key))? {
-            if v != head_dim {
-                return Err(EngineError::Unsupported(format!(
-                    "{}: `{key}` = {v} differs from embedding_length / head_count = {head_dim}",
-                    crate::error::shown_path(path)
-                )));
+    let key_length = md_result(path, md_usize(content, &key("attention.key_length")))?;
+    let value_length = md_result(path, md_usize(content, &key("attention.value_length")))?;
+    let head_dim = match key_length {
+        Some(k) => k,
+        None => {
+            if !hidden_size.is_multiple_of(n_head) {
+                return Err(invalid(
+                    path,
+                    format!(
+                        "{arch}.embedding_length {hidden_size} is not a multiple of \
+                         {arch}.attention.head_count {n_head} and no \
+                         {arch}.attention.key_length is given"
+                    ),
+                ));
             }
+            hidden_size / n_head
         }
+    };
+    if head_dim == 0 || !head_dim.is_multiple_of(2) {
+        return Err(invalid(
+            path,
+            format!("head dimension {head_dim} is odd or 0"),
+        ));
+    }
+    if let Some(v) = value_length {
+        if v != head_dim {
+            return Err(EngineError::Unsupported(format!(
+                "{}: `{arch}.attention.value_length` = {v} differs from the key length {head_dim}",
+                crate::error::shown_path(path)
+            )));
+        }
+    }
+    if n_head.checked_mul(head_dim).is_none_or(|r| r > 1 << 24) {
+        return Err(invalid(
+            path,
+            format!(
+                "{arch}.attention.head_count {n_head} × head dimension {head_dim} is too large"
+            ),
+        ));
     }
     let rope_dim =
-        md_result(path, md_usize(content, "llama.rope.dimension_count"))?.unwrap_or(head_dim);
+        md_result(path, md_usize(content, &key("rope.dimension_count")))?.unwrap_or(head_dim);
     if rope_dim != head_dim {
         return Err(EngineError::Unsupported(format!(
-            "{}: partial RoPE (llama.rope.dimension_count {rope_dim} != head_dim {head_dim})",
+            "{}: partial RoPE ({arch}.rope.dimension_count {rope_dim} != head_dim {head_dim})",
             crate::error::shown_path(path)
         )));
     }
     if !(rms_norm_eps.is_finite() && rms_norm_eps >= 0.0) {
-        return Err(invalid(
-            path,
-            format!("llama.attention.layer_norm_rms_epsilon is {rms_norm_eps}"),
-        ));
+        return Err(invalid(path, format!("{eps_key} is {rms_norm_eps}")));
     }
     if !(rope_theta.is_finite() && rope_theta > 0.0) {
         return Err(invalid(
             path,
-            format!("llama.rope.freq_base is {rope_theta}"),
+            format!("{arch}.rope.freq_base is {rope_theta}"),
         ));
     }
-    let scaling = match md_result(path, md_str(content, "llama.rope.scaling.type"))? {
+    let scaling = match md_result(path, md_str(content, &key("rope.scaling.type")))? {
         None | Some("none") => RopeScaling::None,
         Some("linear") => {
             let factor =
-                md_result(path, md_f64(content, "llama.rope.scaling.factor"))?.unwrap_or(1.0);
+                md_result(path, md_f64(content, &key("rope.scaling.factor")))?.unwrap_or(1.0);
             if !(factor.is_finite() && factor > 0.0) {
                 return Err(invalid(
                     path,
-                    format!("llama.rope.scaling.factor is {factor}"),
+                    format!("{arch}.rope.scaling.factor is {factor}"),
                 ));
             }
             RopeScaling::Linear { factor }
         }
         Some(other) => {
             return Err(EngineError::Unsupported(format!(
-                "{}: RoPE scaling {} (llama.rope.scaling.type)",
+                "{}: RoPE scaling {} ({arch}.rope.scaling.type)",
                 crate::error::shown_path(path),
                 quote(other.as_bytes())
             )))
@@ -184,34 +203,59 @@ pub(crate) fn transformer_from_gguf<R: Read + Seek>(
 
     let q_rows = n_head * head_dim;
     let kv_rows = n_kv_head * head_dim;
+    // Which optional tensors the family has: qwen2's q/k/v biases are required, llama's are
+    // optional (all layers or none, decided by layer 0), qwen3 has per-head q/k norms.
+    let has = |name: &str| content.tensor_infos.contains_key(name);
+    let (qkv_bias, o_bias, qk_norm) = match arch {
+        "qwen2" => (true, false, false),
+        "qwen3" => (false, false, true),
+        _ => (
+            has("blk.0.attn_q.bias"),
+            has("blk.0.attn_output.bias"),
+            false,
+        ),
+    };
     let mut layers = Vec::with_capacity(n_layer.min(1024));
     for i in 0..n_layer {
         let name = |t: &str| format!("blk.{i}.{t}.weight");
-        let mut linear = |t: &str, rows: usize, cols: usize| -> Result<Linear> {
+        let mut linear = |t: &str, rows: usize, cols: usize, bias: bool| -> Result<Linear> {
             let name = name(t);
             let q = loader.load(reader, &name, Some(rows), cols)?;
+            let bias = if bias {
+                Some(loader.load_1d(reader, &format!("blk.{i}.{t}.bias"), rows)?)
+            } else {
+                None
+            };
             Ok(Linear {
                 weight: loader.matmul(q, &name)?,
-                bias: None,
+                bias,
             })
         };
-        let attn_q = linear("attn_q", q_rows, hidden_size)?;
-        let attn_k = linear("attn_k", kv_rows, hidden_size)?;
-        let attn_v = linear("attn_v", kv_rows, hidden_size)?;
-        let attn_output = linear("attn_output", hidden_size, q_rows)?;
-        let ffn_gate = linear("ffn_gate", ffn_size, hidden_size)?;
-        let ffn_up = linear("ffn_up", ffn_size, hidden_size)?;
-        let ffn_down = linear("ffn_down", hidden_size, ffn_size)?;
+        let attn_q = linear("attn_q", q_rows, hidden_size, qkv_bias)?;
+        let attn_k = linear("attn_k", kv_rows, hidden_size, qkv_bias)?;
+        let attn_v = linear("attn_v", kv_rows, hidden_size, qkv_bias)?;
+        let attn_output = linear("attn_output", hidden_size, q_rows, o_bias)?;
+        let ffn_gate = linear("ffn_gate", ffn_size, hidden_size, false)?;
+        let ffn_up = linear("ffn_up", ffn_size, hidden_size, false)?;
+        let ffn_down = linear("ffn_down", hidden_size, ffn_size, false)?;
         let attn_norm = loader.norm(reader, &name("attn_norm"), hidden_size)?;
         let ffn_norm = loader.norm(reader, &name("ffn_norm"), hidden_size)?;
+        let (q_norm, k_norm) = if qk_norm {
+            (
+                Some(loader.norm(reader, &name("attn_q_norm"), head_dim)?),
+                Some(loader.norm(reader, &name("attn_k_norm"), head_dim)?),
+            )
+        } else {
+            (None, None)
+        };
         layers.push(LayerWeights {
             attn_norm,
             q: attn_q,
             k: attn_k,
             v: attn_v,
             o: attn_output,
-            q_norm: None,
-            k_norm: None,
+            q_norm,
+            k_norm,
             ffn_norm,
             gate: ffn_gate,
             up: ffn_up,
@@ -242,8 +286,8 @@ pub(crate) fn transformer_from_gguf<R: Read + Seek>(
             return Err(invalid(
                 path,
                 format!(
-                    "tensor {} is not part of a {n_layer}-layer llama model \
-                     (`llama.block_count` {n_layer}); {} of the file's {} tensors are \
+                    "tensor {} is not part of a {n_layer}-layer {arch} model \
+                     (`{arch}.block_count` {n_layer}); {} of the file's {} tensors are \
                      unused, which llama.cpp refuses too",
                     quote(first.as_bytes()),
                     unused.len(),
@@ -267,6 +311,12 @@ pub(crate) fn transformer_from_gguf<R: Read + Seek>(
         None
     };
 
+    // llama.cpp's converter permutes q/k into adjacent pairs for `llama` only.
+    let layout = if arch == "llama" {
+        RopeLayout::Interleaved
+    } else {
+        RopeLayout::RotateHalf
+    };
     let weight_dtype = content
         .tensor_infos
         .get("blk.0.attn_q.weight")
@@ -274,7 +324,7 @@ pub(crate) fn transformer_from_gguf<R: Read + Seek>(
             format!("{:?}", t.ggml_dtype).to_lowercase()
         });
     let config = ModelConfig {
-        architecture: "llama".to_string(),
+        architecture: arch.to_string(),
         vocab_size,
         hidden_size,
         n_layer,
@@ -286,12 +336,12 @@ pub(crate) fn transformer_from_gguf<R: Read + Seek>(
         rope: RopeConfig {
             scaling,
             freq_factors,
-            ..RopeConfig::new(rope_theta, RopeLayout::Interleaved)
+            ..RopeConfig::new(rope_theta, layout)
         },
         context_length,
-        qkv_bias: false,
-        o_bias: false,
-        qk_norm: false,
+        qkv_bias,
+        o_bias,
+        qk_norm,
         tie_word_embeddings: output.is_none(),
         weight_dtype,
         // Filled in by the loader from the tokenizer metadata.

@@ -4,7 +4,7 @@
 //!
 //! | format | families | loader |
 //! |---|---|---|
-//! | GGUF file | arch `llama` (Llama 1/2, TinyStories, …), f32 / f16 / bf16 / ggml-quantized | [`load_gguf`] |
+//! | GGUF file | arch `llama` (Llama 1/2/3, TinyStories, …), `qwen2`, `qwen3`; f32 / f16 / bf16 / ggml-quantized | [`load_gguf`] |
 //! | Hugging Face folder | `model_type` `llama` (Llama 2, 3, 3.1, 3.2), `qwen2` (Qwen2, Qwen2.5), `qwen3` (dense Qwen3); safetensors f32 / f16 / bf16 | [`load_hf_folder`] |
 //!
 //! [`load_model`] picks the loader from the path.

@@ -419,3 +419,162 @@ pub fn reference_logits(
         .map(|v| v as f32)
         .collect()
 }
+
+/// Writes `weights` (a Hugging Face checkpoint of `config`) as a GGUF file of architecture
+/// `arch` (`llama`, `qwen2`, `qwen3`) by llama.cpp's converter's rules
+/// (`convert_hf_to_gguf.py`): tensor names mapped to `token_embd`, `blk.N.attn_q`, …;
+/// q/k rows permuted into adjacent RoPE pairs for `llama` only (`LlamaModel.permute`);
+/// `output.weight` only when the embeddings are not tied; the hyper-parameters under `arch.*`
+/// (`attention.key_length` for the head dimension). Tensors are stored as `dtype` (F32, F16, or
+/// a quantized type). The tokenizer is a `llama` SentencePiece vocabulary of `vocab` generic
+/// pieces (the logits tests feed ids; BOS 1, EOS 2).
+pub fn write_gguf(
+    path: &Path,
+    config: &Value,
+    weights: &Weights,
+    arch: &str,
+    dtype: candle_core::quantized::GgmlDType,
+) -> anyhow::Result<()> {
+    use candle_core::quantized::gguf_file::{self, Value as G};
+    use candle_core::quantized::QTensor;
+    let g = |k: &str| config[k].as_u64().expect(k) as usize;
+    let (h, layers, heads, vocab) = (
+        g("hidden_size"),
+        g("num_hidden_layers"),
+        g("num_attention_heads"),
+        g("vocab_size"),
+    );
+    let kv = config["num_key_value_heads"]
+        .as_u64()
+        .map_or(heads, |v| v as usize);
+    let hd = config["head_dim"]
+        .as_u64()
+        .map_or(h / heads, |v| v as usize);
+    // HF's rotate-half rows of each head (i, i + hd/2) become adjacent pairs (2i, 2i + 1).
+    let permute = |values: &[f32], n_heads: usize| -> Vec<f32> {
+        let cols = values.len() / (n_heads * hd);
+        let mut out = vec![0f32; values.len()];
+        for head in 0..n_heads {
+            for j in 0..hd / 2 {
+                for t in 0..2 {
+                    let src = head * hd + t * (hd / 2) + j;
+                    let dst = head * hd + 2 * j + t;
+                    out[dst * cols..(dst + 1) * cols]
+                        .copy_from_slice(&values[src * cols..(src + 1) * cols]);
+                }
+            }
+        }
+        out
+    };
+    let mut tensors: Vec<(String, QTensor)> = Vec::new();
+    let mut names: Vec<&String> = weights.keys().collect();
+    names.sort();
+    for name in names {
+        let (shape, values) = &weights[name];
+        let mapped = if name == "model.embed_tokens.weight" {
+            "token_embd.weight".to_string()
+        } else if name == "model.norm.weight" {
+            "output_norm.weight".to_string()
+        } else if name == "lm_head.weight" {
+            if config["tie_word_embeddings"].as_bool().unwrap_or(false) {
+                continue;
+            }
+            "output.weight".to_string()
+        } else {
+            let rest = name.strip_prefix("model.layers.").expect("a layer tensor");
+            let (i, rest) = rest.split_once('.').expect("layer index");
+            let part = match rest.rsplit_once('.').expect("suffix").0 {
+                "input_layernorm" => "attn_norm",
+                "post_attention_layernorm" => "ffn_norm",
+                "self_attn.q_proj" => "attn_q",
+                "self_attn.k_proj" => "attn_k",
+                "self_attn.v_proj" => "attn_v",
+                "self_attn.o_proj" => "attn_output",
+                "self_attn.q_norm" => "attn_q_norm",
+                "self_attn.k_norm" => "attn_k_norm",
+                "mlp.gate_proj" => "ffn_gate",
+                "mlp.up_proj" => "ffn_up",
+                "mlp.down_proj" => "ffn_down",
+                other => panic!("unmapped {other}"),
+            };
+            let suffix = rest.rsplit_once('.').expect("suffix").1;
+            format!("blk.{i}.{part}.{suffix}")
+        };
+        let values = if arch == "llama" && mapped.ends_with("attn_q.weight") {
+            permute(values, heads)
+        } else if arch == "llama" && mapped.ends_with("attn_k.weight") {
+            permute(values, kv)
+        } else {
+            values.clone()
+        };
+        let t = Tensor::from_vec(values, shape.as_slice(), &Device::Cpu)?;
+        // Norms and biases stay f32, as the converter keeps 1-D tensors in f32.
+        let ty = if shape.len() == 1 {
+            candle_core::quantized::GgmlDType::F32
+        } else {
+            dtype
+        };
+        tensors.push((mapped, QTensor::quantize(&t, ty)?));
+    }
+    let eps = config["rms_norm_eps"].as_f64().expect("eps") as f32;
+    let theta = config["rope_theta"].as_f64().unwrap_or(10_000.0) as f32;
+    let mut md: Vec<(String, G)> = vec![
+        ("general.architecture".into(), G::String(arch.into())),
+        (
+            format!("{arch}.context_length"),
+            G::U32(g("max_position_embeddings") as u32),
+        ),
+        (format!("{arch}.embedding_length"), G::U32(h as u32)),
+        (format!("{arch}.block_count"), G::U32(layers as u32)),
+        (
+            format!("{arch}.feed_forward_length"),
+            G::U32(g("intermediate_size") as u32),
+        ),
+        (format!("{arch}.attention.head_count"), G::U32(heads as u32)),
+        (format!("{arch}.attention.head_count_kv"), G::U32(kv as u32)),
+        (format!("{arch}.attention.key_length"), G::U32(hd as u32)),
+        (format!("{arch}.attention.value_length"), G::U32(hd as u32)),
+        (format!("{arch}.rope.dimension_count"), G::U32(hd as u32)),
+        (format!("{arch}.rope.freq_base"), G::F32(theta)),
+        (
+            format!("{arch}.attention.layer_norm_rms_epsilon"),
+            G::F32(eps),
+        ),
+        ("tokenizer.ggml.model".into(), G::String("llama".into())),
+        ("tokenizer.ggml.bos_token_id".into(), G::U32(1)),
+        ("tokenizer.ggml.eos_token_id".into(), G::U32(2)),
+    ];
+    let pieces: Vec<String> = (0..vocab)
+        .map(|i| match i {
+            0 => "<unk>".to_string(),
+            1 => "<s>".to_string(),
+            2 => "</s>".to_string(),
+            3..=258 => format!("<0x{:02X}>", i - 3),
+            _ => format!("\u{2581}w{i}"),
+        })
+        .collect();
+    let types: Vec<G> = (0..vocab)
+        .map(|i| {
+            G::I32(match i {
+                0 => 2,
+                1 | 2 => 3,
+                3..=258 => 6,
+                _ => 1,
+            })
+        })
+        .collect();
+    md.push((
+        "tokenizer.ggml.tokens".into(),
+        G::Array(pieces.into_iter().map(G::String).collect()),
+    ));
+    md.push((
+        "tokenizer.ggml.scores".into(),
+        G::Array((0..vocab).map(|i| G::F32(-(i as f32))).collect()),
+    ));
+    md.push(("tokenizer.ggml.token_type".into(), G::Array(types)));
+    let md_refs: Vec<(&str, &G)> = md.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let t_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let mut file = std::fs::File::create(path)?;
+    gguf_file::write(&mut file, &md_refs, &t_refs)?;
+    Ok(())
+}
