@@ -714,3 +714,65 @@ fn hugging_face_folders_and_gguf_files_give_the_same_logits() -> Result<()> {
     }
     Ok(())
 }
+
+/// A GGUF model split in two files as llama.cpp's `gguf-split` writes them (all metadata in the
+/// first, `split.no` / `split.count` in each, the tensors shared out) loads from its first file
+/// as the whole file does; the second file alone, or the first without the second, is an error
+/// naming what to do.
+#[test]
+fn split_gguf_files_load_as_one_model() -> Result<()> {
+    use candle_core::quantized::gguf_file::{self, Value as G};
+    use candle_core::quantized::{GgmlDType, QTensor};
+    let config = tiny_config("qwen3");
+    let weights = random_weights(&config, 121);
+    let whole = common::TempFile(common::temp_path("whole.gguf"));
+    common::hf::write_gguf(&whole.0, &config, &weights, "qwen3", GgmlDType::F32)?;
+    let mut file = std::fs::File::open(&whole.0)?;
+    let content = gguf_file::Content::read(&mut file)?;
+    let mut names: Vec<&String> = content.tensor_infos.keys().collect();
+    names.sort();
+    let tensors: Vec<(String, QTensor)> = names
+        .iter()
+        .map(|n| Ok(((*n).clone(), content.tensor(&mut file, n, &Device::Cpu)?)))
+        .collect::<Result<_>>()?;
+    let dir = TempDir::new("split");
+    let split_path = |k: usize| dir.0.join(format!("tiny-{k:05}-of-00002.gguf"));
+    let half = tensors.len() / 2;
+    for (k, part) in [(1usize, &tensors[..half]), (2, &tensors[half..])] {
+        let mut md: Vec<(String, G)> = if k == 1 {
+            content
+                .metadata
+                .iter()
+                .map(|(a, b)| (a.clone(), b.clone()))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        md.push(("split.no".into(), G::U16(k as u16 - 1)));
+        md.push(("split.count".into(), G::U16(2)));
+        md.push(("split.tensors.count".into(), G::I32(tensors.len() as i32)));
+        let md_refs: Vec<(&str, &G)> = md.iter().map(|(a, b)| (a.as_str(), b)).collect();
+        let t_refs: Vec<(&str, &QTensor)> = part.iter().map(|(a, b)| (a.as_str(), b)).collect();
+        gguf_file::write(
+            &mut std::fs::File::create(split_path(k))?,
+            &md_refs,
+            &t_refs,
+        )?;
+    }
+    let logits = |path: &std::path::Path| -> Result<Vec<f32>> {
+        let loaded = load_model(path, &Device::Cpu)?;
+        let mut cache = loaded.model.new_cache();
+        run(&loaded.model, &mut cache, &PROMPT)
+    };
+    assert_eq!(logits(&split_path(1))?, logits(&whole.0)?);
+
+    assert_eq!(
+        invalid_message(load_err(&split_path(2))),
+        "split 2 of 2 of a split GGUF model (split.no 1): pass the first split, whose name ends \
+         in -00001-of-00002.gguf"
+    );
+    std::fs::remove_file(split_path(2))?;
+    let m = invalid_message(load_err(&split_path(1)));
+    assert!(m.starts_with("missing: split 2 of 2 of "), "{m}");
+    Ok(())
+}
