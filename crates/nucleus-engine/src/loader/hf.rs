@@ -101,7 +101,7 @@ pub fn load_hf_folder(dir: &Path, device: &Device) -> Result<LoadedModel> {
                 path,
                 format!(
                     "cannot map or parse the safetensors file: {}",
-                    candle_message(&e)
+                    without_path(&candle_message(&e), path)
                 ),
             )
         })?;
@@ -178,6 +178,13 @@ pub fn load_hf_tokenizer(dir: &Path) -> Result<(ModelTokenizer, usize)> {
     let model_config = model_config(&cfg)?;
     let tokenizer = read_tokenizer(dir, &cfg, &model_config)?;
     Ok((tokenizer, model_config.vocab_size))
+}
+
+/// `message` without a leading `PATH: ` (candle prefixes its I/O and parse errors with the
+/// file's path, which our message names already).
+fn without_path(message: &str, path: &Path) -> String {
+    let prefix = format!("{}: ", path.display());
+    message.strip_prefix(&prefix).unwrap_or(message).to_string()
 }
 
 /// A JSON document and the file it came from, for messages.
