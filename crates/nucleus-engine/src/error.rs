@@ -57,6 +57,15 @@ pub enum EngineError {
     Grammar(#[from] nucleus_grammar::GrammarError),
 }
 
+/// `InvalidModel` for `path`, its message [`bounded`] (control characters escaped, cut to
+/// [`MAX_MESSAGE_BYTES`]): how every loader reports a file it refuses.
+pub(crate) fn invalid(path: &Path, message: impl Into<String>) -> EngineError {
+    EngineError::InvalidModel {
+        path: path.to_path_buf(),
+        message: bounded(message),
+    }
+}
+
 /// `Result` with [`EngineError`].
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
 

@@ -50,7 +50,7 @@ use tokenizers::{AddedToken, Tokenizer};
 
 use crate::error::{bounded, candle_message, quote, EngineError, Result};
 use crate::gguf::describe;
-use crate::loader::gguf::{md_array, md_bool, md_str, value_to_u64};
+use crate::gguf::{md_array, md_bool, md_str, value_to_u64};
 
 /// The SentencePiece word-boundary marker, U+2581.
 const SPIECE_UNDERLINE: &str = "\u{2581}";

@@ -8,17 +8,18 @@
 //! (`candle_core::quantized::gguf_file::Content::tensor`). What we read from the metadata is
 //! checked here, so that a missing key, a wrong type or a corrupt file is an [`EngineError`],
 //! never a panic, and its message is short and printable (values described by
-//! [`crate::gguf::describe`], never printed whole).
+//! [`crate::gguf::describe`], never printed whole); the typed accessors (`md_u64`, …) live
+//! beside the parser in [`crate::gguf`].
 
 use std::fs::File;
 use std::io::{BufReader, Read, Seek};
 use std::path::Path;
 
-use candle_core::quantized::gguf_file::{self, Value};
+use candle_core::quantized::gguf_file;
 use candle_core::Device;
 
-use crate::error::{bounded, EngineError, Result};
-use crate::gguf::describe;
+use crate::error::{invalid, EngineError, Result};
+use crate::gguf::md_u64;
 use crate::loader::LoadedModel;
 use crate::tokenizer::ModelTokenizer;
 
@@ -315,112 +316,4 @@ fn load_content<R: Read + Seek>(
         tokenizer,
         warnings,
     })
-}
-
-/// `InvalidModel` for `path`, its message [`bounded`] (control characters escaped, cut to
-/// [`crate::error::MAX_MESSAGE_BYTES`]).
-pub(crate) fn invalid(path: &Path, message: impl Into<String>) -> EngineError {
-    EngineError::InvalidModel {
-        path: path.to_path_buf(),
-        message: bounded(message),
-    }
-}
-
-/// A metadata value as a non-negative integer. `Ok(None)` when the key is absent; `Err` (a
-/// message naming the key) when it holds a non-integer or a negative value.
-pub(crate) fn md_u64(content: &gguf_file::Content, key: &str) -> Result<Option<u64>, String> {
-    let Some(value) = content.metadata.get(key) else {
-        return Ok(None);
-    };
-    value_to_u64(value).map(Some).ok_or_else(|| {
-        format!(
-            "metadata `{key}` is {}, expected a non-negative integer",
-            describe(value)
-        )
-    })
-}
-
-/// A metadata value as `usize` (see [`md_u64`]); values beyond `usize` are an error.
-pub(crate) fn md_usize(content: &gguf_file::Content, key: &str) -> Result<Option<usize>, String> {
-    md_u64(content, key)?
-        .map(|v| usize::try_from(v).map_err(|_| format!("metadata `{key}` = {v} is too large")))
-        .transpose()
-}
-
-/// A metadata value as `f64` (from F32, F64 or an integer). `Ok(None)` when absent.
-pub(crate) fn md_f64(content: &gguf_file::Content, key: &str) -> Result<Option<f64>, String> {
-    let Some(value) = content.metadata.get(key) else {
-        return Ok(None);
-    };
-    let v = match value {
-        Value::F32(v) => f64::from(*v),
-        Value::F64(v) => *v,
-        other => match value_to_u64(other) {
-            Some(v) => v as f64,
-            None => {
-                return Err(format!(
-                    "metadata `{key}` is {}, expected a number",
-                    describe(value)
-                ))
-            }
-        },
-    };
-    Ok(Some(v))
-}
-
-/// A metadata value as a string. `Ok(None)` when absent.
-pub(crate) fn md_str<'a>(
-    content: &'a gguf_file::Content,
-    key: &str,
-) -> Result<Option<&'a str>, String> {
-    match content.metadata.get(key) {
-        None => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.as_str())),
-        Some(other) => Err(format!(
-            "metadata `{key}` is {}, expected a string",
-            describe(other)
-        )),
-    }
-}
-
-/// A metadata value as a bool. `Ok(None)` when absent.
-pub(crate) fn md_bool(content: &gguf_file::Content, key: &str) -> Result<Option<bool>, String> {
-    match content.metadata.get(key) {
-        None => Ok(None),
-        Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(other) => Err(format!(
-            "metadata `{key}` is {}, expected a bool",
-            describe(other)
-        )),
-    }
-}
-
-/// A metadata value as an array. `Ok(None)` when absent.
-pub(crate) fn md_array<'a>(
-    content: &'a gguf_file::Content,
-    key: &str,
-) -> Result<Option<&'a [Value]>, String> {
-    match content.metadata.get(key) {
-        None => Ok(None),
-        Some(Value::Array(a)) => Ok(Some(a.as_slice())),
-        Some(other) => Err(format!(
-            "metadata `{key}` is {}, expected an array",
-            describe(other)
-        )),
-    }
-}
-
-/// An integer value of any GGUF integer type, `None` for other types and negative values.
-pub(crate) fn value_to_u64(value: &Value) -> Option<u64> {
-    match *value {
-        Value::U8(v) => Some(u64::from(v)),
-        Value::U16(v) => Some(u64::from(v)),
-        Value::U32(v) => Some(u64::from(v)),
-        Value::U64(v) => Some(v),
-        Value::I8(v) => u64::try_from(v).ok(),
-        Value::I16(v) => u64::try_from(v).ok(),
-        Value::I32(v) => u64::try_from(v).ok(),
-        Value::I64(v) => u64::try_from(v).ok(),
-        _ => None,
-    }
 }

@@ -10,8 +10,8 @@ use std::path::Path;
 use candle_core::quantized::{gguf_file, QMatMul, QTensor};
 use candle_core::{DType, Device, Tensor};
 
-use crate::error::{candle_message, quote, EngineError, Result};
-use crate::loader::gguf::{invalid, md_f64, md_str, md_u64, md_usize};
+use crate::error::{candle_message, invalid, quote, EngineError, Result};
+use crate::gguf::{md_f64, md_str, md_u64, md_usize};
 use crate::models::transformer::{LayerWeights, Linear, ModelConfig, Weights};
 use crate::models::{RopeConfig, RopeLayout, RopeScaling, Transformer};
 

@@ -48,7 +48,7 @@ use candle_core::{DType, Device, Tensor};
 use serde_json::Value;
 use tokenizers::Tokenizer;
 
-use crate::error::{bounded, candle_message, quote, shown_path, EngineError, Result};
+use crate::error::{bounded, candle_message, invalid, quote, shown_path, EngineError, Result};
 use crate::loader::LoadedModel;
 use crate::models::rope::yarn_mscale;
 use crate::models::transformer::{LayerWeights, Linear, ModelConfig, Weights};
@@ -273,14 +273,6 @@ fn describe(v: &Value) -> String {
         Value::String(s) => format!("the string {}", quote(s.as_bytes())),
         Value::Array(a) => format!("an array of {} values", a.len()),
         Value::Object(_) => "an object".to_string(),
-    }
-}
-
-/// `InvalidModel` for `path`, message bounded.
-fn invalid(path: &Path, message: impl Into<String>) -> EngineError {
-    EngineError::InvalidModel {
-        path: path.to_path_buf(),
-        message: bounded(message),
     }
 }
 
