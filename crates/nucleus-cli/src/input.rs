@@ -201,6 +201,42 @@ pub fn copy_values<T>(
     })
 }
 
+/// The little-endian words of `W` bytes of a tensor's data.
+pub fn words<const W: usize>(raw: &[u8]) -> impl Iterator<Item = [u8; W]> + '_ {
+    raw.chunks_exact(W).map(|b| {
+        let mut w = [0u8; W];
+        w.copy_from_slice(b);
+        w
+    })
+}
+
+/// An integer tensor's data (`dtype` I32, or I64 as PyTorch writes its default integer type)
+/// copied out as i32 values ([`copy_tensor`]); `None` for any other dtype. An I64 value
+/// outside i32 stops the copy with `out_of_range(flat index, value)`.
+pub fn copy_i32_tensor<E>(
+    name: &str,
+    dtype: safetensors::Dtype,
+    raw: &[u8],
+    out_of_range: impl Fn(usize, i64) -> E,
+) -> Option<Result<Vec<i32>, TensorCopyError<E>>> {
+    Some(match dtype {
+        safetensors::Dtype::I32 => copy_tensor(
+            name,
+            raw.len() / 4,
+            words::<4>(raw).map(|w| Ok(i32::from_le_bytes(w))),
+        ),
+        safetensors::Dtype::I64 => copy_tensor(
+            name,
+            raw.len() / 8,
+            words::<8>(raw)
+                .map(i64::from_le_bytes)
+                .enumerate()
+                .map(|(i, v)| i32::try_from(v).map_err(|_| out_of_range(i, v))),
+        ),
+        _ => return None,
+    })
+}
+
 /// Why [`copy_tensor`] failed.
 #[derive(Debug)]
 pub enum TensorCopyError<E> {

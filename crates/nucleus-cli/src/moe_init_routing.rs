@@ -80,7 +80,7 @@ use serde::{Deserialize, Serialize, Serializer};
 use crate::answer::Reply;
 use crate::calls::TensorsError;
 use crate::input::{
-    copy_tensor, copy_values, read_file, shown, shown_path, InputLimit, MaxInputBytes,
+    copy_i32_tensor, copy_values, read_file, shown, shown_path, words, InputLimit, MaxInputBytes,
 };
 use crate::sample::input::{Fallible, Lenient};
 use crate::sample::output::non_finite_name;
@@ -923,14 +923,6 @@ fn dtype_error(name: &str, dtype: Dtype, want: &str) -> CallError {
     )
 }
 
-fn words<const W: usize>(raw: &[u8]) -> impl Iterator<Item = [u8; W]> + '_ {
-    raw.chunks_exact(W).map(|b| {
-        let mut w = [0u8; W];
-        w.copy_from_slice(b);
-        w
-    })
-}
-
 /// An F32 tensor's values (any rank: flattened), copied into a vector reserved first.
 fn f32_tensor(
     name: &str,
@@ -999,29 +991,12 @@ fn tensors(file: &SafeTensors<'_>) -> Result<Tensors, TensorsError> {
     if idx_rows != num_rows {
         return Err(rows_error(num_rows, idx_rows).into());
     }
-    let expert_idx = match idx.dtype() {
-        Dtype::I32 => copy_values(
-            "expert_idx",
-            idx.data().len() / 4,
-            words::<4>(idx.data()).map(i32::from_le_bytes),
-        )
-        .map_err(memory)?,
-        Dtype::I64 => copy_tensor(
-            "expert_idx",
-            idx.data().len() / 8,
-            words::<8>(idx.data())
-                .map(i64::from_le_bytes)
-                .enumerate()
-                .map(|(i, v)| {
-                    i32::try_from(v).map_err(|_| {
-                        CallError::invalid_call(format!(
-                            "tensor `expert_idx` (I64) holds {v} at flat position {i}: expert ids must fit in i32"
-                        ))
-                    })
-                }),
-        )?,
-        other => return Err(dtype_error("expert_idx", other, "I32 (or I64)").into()),
-    };
+    let expert_idx = copy_i32_tensor("expert_idx", idx.dtype(), idx.data(), |i, v| {
+        CallError::invalid_call(format!(
+            "tensor `expert_idx` (I64) holds {v} at flat position {i}: expert ids must fit in i32"
+        ))
+    })
+    .ok_or_else(|| dtype_error("expert_idx", idx.dtype(), "I32 (or I64)"))??;
     let scale = match get("scale") {
         None => None,
         Some(s) => {

@@ -68,7 +68,7 @@ use serde::{Deserialize, Serialize, Serializer};
 use crate::answer::Reply;
 use crate::calls::TensorsError;
 use crate::input::{
-    copy_tensor, copy_values, read_file, shown, shown_path, InputLimit, MaxInputBytes,
+    copy_i32_tensor, copy_values, read_file, shown, shown_path, words, InputLimit, MaxInputBytes,
 };
 use crate::sample::input::{Fallible, Lenient, Row};
 
@@ -544,15 +544,6 @@ struct Tensors {
     min_ps: Option<Floats>,
 }
 
-/// The little-endian words of a tensor's bytes.
-fn words<const W: usize>(raw: &[u8]) -> impl Iterator<Item = [u8; W]> + '_ {
-    raw.chunks_exact(W).map(|b| {
-        let mut w = [0u8; W];
-        w.copy_from_slice(b);
-        w
-    })
-}
-
 /// A float tensor's values, copied into a vector reserved first.
 fn read_floats(
     name: &str,
@@ -624,36 +615,18 @@ fn tensors(file: &SafeTensors<'_>) -> Result<Tensors, TensorsError> {
     if top_k.shape().len() != 1 {
         return Err(rank_error("top_k", top_k.shape(), "rank 1, [batch]").into());
     }
-    let top_k_values = match top_k.dtype() {
-        Dtype::I32 => copy_values(
-            "top_k",
-            top_k.data().len() / 4,
-            words::<4>(top_k.data()).map(i32::from_le_bytes),
+    // I64 is PyTorch's default integer type.
+    let top_k_values = copy_i32_tensor("top_k", top_k.dtype(), top_k.data(), |i, v| {
+        CallError::invalid_call(format!(
+            "tensor `top_k` (I64) holds {v} at index {i}: top_k values must fit in i32"
+        ))
+    })
+    .ok_or_else(|| {
+        CallError::new(
+            "dtype_mismatch",
+            format!("tensor `top_k` is {:?}: expected I32 or I64", top_k.dtype()),
         )
-        .map_err(TensorsError::Memory)?,
-        // PyTorch's default integer type.
-        Dtype::I64 => copy_tensor(
-            "top_k",
-            top_k.data().len() / 8,
-            words::<8>(top_k.data())
-                .map(i64::from_le_bytes)
-                .enumerate()
-                .map(|(i, v)| {
-                    i32::try_from(v).map_err(|_| {
-                        CallError::invalid_call(format!(
-                            "tensor `top_k` (I64) holds {v} at index {i}: top_k values must fit in i32"
-                        ))
-                    })
-                }),
-        )?,
-        other => {
-            return Err(CallError::new(
-                "dtype_mismatch",
-                format!("tensor `top_k` is {other:?}: expected I32 or I64"),
-            )
-            .into())
-        }
-    };
+    })??;
     let top_p = require("top_p")?;
     if top_p.shape().len() != 1 {
         return Err(rank_error("top_p", top_p.shape(), "rank 1, [batch]").into());

@@ -97,28 +97,55 @@ pub fn tiny_config(model_type: &str) -> Value {
     c
 }
 
+/// The sizes of a test config.json (kv heads and head_dim defaulted as LlamaConfig does).
+pub struct Dims {
+    pub hidden: usize,
+    pub ffn: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv: usize,
+    pub head_dim: usize,
+    pub vocab: usize,
+}
+
+impl Dims {
+    pub fn of(config: &Value) -> Self {
+        let g = |k: &str| config[k].as_u64().expect(k) as usize;
+        let (hidden, heads) = (g("hidden_size"), g("num_attention_heads"));
+        Self {
+            hidden,
+            ffn: g("intermediate_size"),
+            layers: g("num_hidden_layers"),
+            heads,
+            kv: config["num_key_value_heads"]
+                .as_u64()
+                .map_or(heads, |v| v as usize),
+            head_dim: config["head_dim"]
+                .as_u64()
+                .map_or(hidden / heads, |v| v as usize),
+            vocab: g("vocab_size"),
+        }
+    }
+}
+
 /// The shapes of every tensor of a checkpoint of `config` (transformers' names).
 pub fn tensor_shapes(config: &Value) -> Vec<(String, Vec<usize>)> {
-    let g = |k: &str| config[k].as_u64().expect(k) as usize;
-    let (h, ffn, layers, heads) = (
-        g("hidden_size"),
-        g("intermediate_size"),
-        g("num_hidden_layers"),
-        g("num_attention_heads"),
-    );
-    let kv = config["num_key_value_heads"]
-        .as_u64()
-        .map_or(heads, |v| v as usize);
-    let hd = config["head_dim"]
-        .as_u64()
-        .map_or(h / heads, |v| v as usize);
+    let Dims {
+        hidden: h,
+        ffn,
+        layers,
+        heads,
+        kv,
+        head_dim: hd,
+        ..
+    } = Dims::of(config);
     let model_type = config["model_type"].as_str().expect("model_type");
     let bias = config["attention_bias"].as_bool().unwrap_or(false);
     let (qkv_bias, o_bias) = match model_type {
         "qwen2" => (true, false),
         _ => (bias, bias),
     };
-    let vocab = g("vocab_size");
+    let vocab = Dims::of(config).vocab;
     let mut t = vec![("model.embed_tokens.weight".to_string(), vec![vocab, h])];
     for i in 0..layers {
         let p = format!("model.layers.{i}");
@@ -270,18 +297,14 @@ pub fn reference_logits(
     rope: &RefRope,
     tokens: &[u32],
 ) -> Vec<f32> {
-    let g = |k: &str| config[k].as_u64().expect(k) as usize;
-    let (h, layers, heads) = (
-        g("hidden_size"),
-        g("num_hidden_layers"),
-        g("num_attention_heads"),
-    );
-    let kv = config["num_key_value_heads"]
-        .as_u64()
-        .map_or(heads, |v| v as usize);
-    let hd = config["head_dim"]
-        .as_u64()
-        .map_or(h / heads, |v| v as usize);
+    let Dims {
+        hidden: h,
+        layers,
+        heads,
+        kv,
+        head_dim: hd,
+        ..
+    } = Dims::of(config);
     let eps = config["rms_norm_eps"].as_f64().expect("eps");
     let qwen3 = config["model_type"] == "qwen3";
     let w = |name: &str| -> Vec<f64> {
@@ -437,19 +460,9 @@ pub fn write_gguf(
 ) -> anyhow::Result<()> {
     use candle_core::quantized::gguf_file::{self, Value as G};
     use candle_core::quantized::QTensor;
-    let g = |k: &str| config[k].as_u64().expect(k) as usize;
-    let (h, layers, heads, vocab) = (
-        g("hidden_size"),
-        g("num_hidden_layers"),
-        g("num_attention_heads"),
-        g("vocab_size"),
-    );
-    let kv = config["num_key_value_heads"]
-        .as_u64()
-        .map_or(heads, |v| v as usize);
-    let hd = config["head_dim"]
-        .as_u64()
-        .map_or(h / heads, |v| v as usize);
+    let d = Dims::of(config);
+    let (h, layers, heads, vocab, kv, hd) =
+        (d.hidden, d.layers, d.heads, d.vocab, d.kv, d.head_dim);
     // HF's rotate-half rows of each head (i, i + hd/2) become adjacent pairs (2i, 2i + 1).
     let permute = |values: &[f32], n_heads: usize| -> Vec<f32> {
         let cols = values.len() / (n_heads * hd);
@@ -522,14 +535,15 @@ pub fn write_gguf(
         ("general.architecture".into(), G::String(arch.into())),
         (
             format!("{arch}.context_length"),
-            G::U32(g("max_position_embeddings") as u32),
+            G::U32(
+                config["max_position_embeddings"]
+                    .as_u64()
+                    .expect("positions") as u32,
+            ),
         ),
         (format!("{arch}.embedding_length"), G::U32(h as u32)),
         (format!("{arch}.block_count"), G::U32(layers as u32)),
-        (
-            format!("{arch}.feed_forward_length"),
-            G::U32(g("intermediate_size") as u32),
-        ),
+        (format!("{arch}.feed_forward_length"), G::U32(d.ffn as u32)),
         (format!("{arch}.attention.head_count"), G::U32(heads as u32)),
         (format!("{arch}.attention.head_count_kv"), G::U32(kv as u32)),
         (format!("{arch}.attention.key_length"), G::U32(hd as u32)),
