@@ -55,6 +55,10 @@ pub enum EngineError {
     /// take), or a rollback went past the grammar's start.
     #[error("grammar: {0}")]
     Grammar(#[from] nucleus_grammar::GrammarError),
+    /// An MoE layer's routing refused its input (nucleus-moe's message names the rule: a NaN
+    /// or +inf router logit means the hidden states overflowed).
+    #[error("MoE routing: {0}")]
+    Moe(#[from] nucleus_moe::MoeError),
 }
 
 /// `InvalidModel` for `path`, its message [`bounded`] (control characters escaped, cut to

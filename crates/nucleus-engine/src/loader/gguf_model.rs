@@ -7,16 +7,17 @@
 use std::io::{Read, Seek};
 use std::path::Path;
 
+use candle_core::quantized::ggml_file::qtensor_from_ggml;
 use candle_core::quantized::{gguf_file, QMatMul, QTensor};
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::{candle_message, invalid, quote, EngineError, Result};
-use crate::gguf::{md_f64, md_str, md_u64, md_usize};
-use crate::models::transformer::{LayerWeights, Linear, ModelConfig, Weights};
-use crate::models::{RopeConfig, RopeLayout, RopeScaling, Transformer};
+use crate::gguf::{md_f64, md_str, md_usize};
+use crate::models::transformer::{FeedForward, LayerWeights, Linear, Mlp, ModelConfig, Weights};
+use crate::models::{MoeConfig, RopeConfig, RopeLayout, RopeScaling, SparseMoe, Transformer};
 
 /// The GGUF architectures [`transformer_from_gguf`] maps onto the transformer.
-pub const SUPPORTED_ARCHS: [&str; 3] = ["llama", "qwen2", "qwen3"];
+pub const SUPPORTED_ARCHS: [&str; 4] = ["llama", "qwen2", "qwen3", "qwen3moe"];
 
 /// Builds the model from a parsed GGUF file: `content` from
 /// [`crate::gguf::read_content`] (whose checks the tensor reads rely on: offsets, sizes and
@@ -71,7 +72,8 @@ pub(crate) fn transformer_from_gguf<R: Read + Seek>(
         )));
     }
     let key = |k: &str| format!("{arch}.{k}");
-    if md_result(path, md_u64(content, &key("expert_count")))?.unwrap_or(0) > 1 {
+    let expert_count = md_result(path, md_usize(content, &key("expert_count")))?.unwrap_or(0);
+    if arch != "qwen3moe" && expert_count > 1 {
         return Err(EngineError::Unsupported(format!(
             "{}: mixture-of-experts {arch} ({arch}.expert_count > 1)",
             crate::error::shown_path(path)
@@ -83,7 +85,12 @@ pub(crate) fn transformer_from_gguf<R: Read + Seek>(
     let n_head = required(&key("attention.head_count"))?;
     let n_kv_head =
         md_result(path, md_usize(content, &key("attention.head_count_kv")))?.unwrap_or(n_head);
-    let ffn_size = required(&key("feed_forward_length"))?;
+    // qwen3moe files of MoE-only models may carry no dense width (no layer uses it).
+    let ffn_size = if arch == "qwen3moe" {
+        md_result(path, md_usize(content, &key("feed_forward_length")))?.unwrap_or(0)
+    } else {
+        required(&key("feed_forward_length"))?
+    };
     let context_length = required(&key("context_length"))?;
     let eps_key = key("attention.layer_norm_rms_epsilon");
     let rms_norm_eps = md_result(path, md_f64(content, &eps_key))?
@@ -95,7 +102,6 @@ pub(crate) fn transformer_from_gguf<R: Read + Seek>(
         ("block_count", n_layer),
         ("attention.head_count", n_head),
         ("attention.head_count_kv", n_kv_head),
-        ("feed_forward_length", ffn_size),
         ("context_length", context_length),
     ] {
         if v == 0 {
@@ -168,6 +174,30 @@ pub(crate) fn transformer_from_gguf<R: Read + Seek>(
             format!("{arch}.rope.freq_base is {rope_theta}"),
         ));
     }
+    let moe_params = if arch == "qwen3moe" {
+        let used = required(&key("expert_used_count"))?;
+        let inter = required(&key("expert_feed_forward_length"))?;
+        if expert_count == 0 || used == 0 || used > expert_count || inter == 0 {
+            return Err(invalid(
+                path,
+                format!(
+                    "{arch}.expert_count {expert_count}, {arch}.expert_used_count {used} and \
+                     {arch}.expert_feed_forward_length {inter}: each must be at least 1 and \
+                     the used count at most the expert count"
+                ),
+            ));
+        }
+        if expert_count > nucleus_moe::MAX_EXPERT_NUM as usize {
+            return Err(EngineError::Unsupported(format!(
+                "{}: {arch}.expert_count {expert_count} (at most {} experts are routed)",
+                crate::error::shown_path(path),
+                nucleus_moe::MAX_EXPERT_NUM
+            )));
+        }
+        Some((expert_count, used, inter))
+    } else {
+        None
+    };
     let scaling = match md_result(path, md_str(content, &key("rope.scaling.type")))? {
         None | Some("none") => RopeScaling::None,
         Some("linear") => {
@@ -208,7 +238,7 @@ pub(crate) fn transformer_from_gguf<R: Read + Seek>(
     let has = |name: &str| content.tensor_infos.contains_key(name);
     let (qkv_bias, o_bias, qk_norm) = match arch {
         "qwen2" => (true, false, false),
-        "qwen3" => (false, false, true),
+        "qwen3" | "qwen3moe" => (false, false, true),
         _ => (
             has("blk.0.attn_q.bias"),
             has("blk.0.attn_output.bias"),
@@ -216,6 +246,7 @@ pub(crate) fn transformer_from_gguf<R: Read + Seek>(
         ),
     };
     let mut layers = Vec::with_capacity(n_layer.min(1024));
+    let mut moe_layers = Vec::new();
     for i in 0..n_layer {
         let name = |t: &str| format!("blk.{i}.{t}.weight");
         let mut linear = |t: &str, rows: usize, cols: usize, bias: bool| -> Result<Linear> {
@@ -235,9 +266,79 @@ pub(crate) fn transformer_from_gguf<R: Read + Seek>(
         let attn_k = linear("attn_k", kv_rows, hidden_size, qkv_bias)?;
         let attn_v = linear("attn_v", kv_rows, hidden_size, qkv_bias)?;
         let attn_output = linear("attn_output", hidden_size, q_rows, o_bias)?;
-        let ffn_gate = linear("ffn_gate", ffn_size, hidden_size, false)?;
-        let ffn_up = linear("ffn_up", ffn_size, hidden_size, false)?;
-        let ffn_down = linear("ffn_down", hidden_size, ffn_size, false)?;
+        // qwen3moe: a layer with a router is MoE (llama.cpp's `llm_build_qwen3moe`: all of
+        // them); one without is dense and needs `feed_forward_length`.
+        let ffn = match moe_params {
+            Some((experts, used, inter)) if has(&name("ffn_gate_inp")) => {
+                moe_layers.push(i);
+                let router = linear("ffn_gate_inp", experts, hidden_size, false)?;
+                let gate = loader.load_experts(
+                    reader,
+                    &name("ffn_gate_exps"),
+                    experts,
+                    inter,
+                    hidden_size,
+                )?;
+                let up = loader.load_experts(
+                    reader,
+                    &name("ffn_up_exps"),
+                    experts,
+                    inter,
+                    hidden_size,
+                )?;
+                let down = loader.load_experts(
+                    reader,
+                    &name("ffn_down_exps"),
+                    experts,
+                    hidden_size,
+                    inter,
+                )?;
+                let experts = gate
+                    .into_iter()
+                    .zip(up)
+                    .zip(down)
+                    .map(|((gate, up), down)| Mlp {
+                        gate: Linear {
+                            weight: gate,
+                            bias: None,
+                        },
+                        up: Linear {
+                            weight: up,
+                            bias: None,
+                        },
+                        down: Linear {
+                            weight: down,
+                            bias: None,
+                        },
+                    })
+                    .collect();
+                FeedForward::Moe(SparseMoe::from_parts(
+                    router,
+                    experts,
+                    Vec::new(),
+                    hidden_size,
+                    used,
+                    true,
+                ))
+            }
+            _ => {
+                if ffn_size == 0 {
+                    return Err(invalid(
+                        path,
+                        format!(
+                            "block {i} has no `{}` (so it is dense) but `{arch}.feed_forward_length` \
+                             is missing or 0",
+                            name("ffn_gate_inp")
+                        ),
+                    ));
+                }
+                FeedForward::Dense(Mlp {
+                    gate: linear("ffn_gate", ffn_size, hidden_size, false)?,
+                    up: linear("ffn_up", ffn_size, hidden_size, false)?,
+                    down: linear("ffn_down", hidden_size, ffn_size, false)?,
+                })
+            }
+        };
         let attn_norm = loader.norm(reader, &name("attn_norm"), hidden_size)?;
         let ffn_norm = loader.norm(reader, &name("ffn_norm"), hidden_size)?;
         let (q_norm, k_norm) = if qk_norm {
@@ -257,9 +358,7 @@ pub(crate) fn transformer_from_gguf<R: Read + Seek>(
             q_norm,
             k_norm,
             ffn_norm,
-            gate: ffn_gate,
-            up: ffn_up,
-            down: ffn_down,
+            ffn,
         });
     }
     let output_norm = loader.norm(reader, "output_norm.weight", hidden_size)?;
@@ -347,6 +446,16 @@ pub(crate) fn transformer_from_gguf<R: Read + Seek>(
         // Filled in by the loader from the tokenizer metadata.
         bos_token_id: None,
         eos_token_ids: Vec::new(),
+        moe: moe_params.map(|(num_experts, used, inter)| MoeConfig {
+            num_experts,
+            num_experts_per_tok: used,
+            moe_intermediate_size: inter,
+            // GGUF has no norm_topk_prob; llama.cpp's qwen3moe always renormalises.
+            norm_topk_prob: true,
+            n_shared_experts: 0,
+            shared_intermediate_size: 0,
+            moe_layers,
+        }),
     };
     let weights = Weights {
         embed: token_embd,
@@ -407,6 +516,64 @@ impl TensorLoader<'_> {
             ));
         }
         self.read(reader, name, dims)
+    }
+
+    /// Reads the 3-D expert tensor `name` (`[experts, rows, cols]` as candle reports it: ggml's
+    /// `ffn_{gate,up,down}_exps`, ne = `[cols, rows, experts]`) and splits it into one
+    /// `[rows, cols]` matrix per expert (each expert's data is contiguous, quantized blocks
+    /// included), with the checks of [`TensorLoader::load`].
+    fn load_experts<R: Read + Seek>(
+        &self,
+        reader: &mut R,
+        name: &str,
+        experts: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Vec<QMatMul>> {
+        let info = self.info(name)?;
+        let dims = info.shape.dims();
+        if dims != [experts, rows, cols] {
+            return Err(invalid(
+                self.path,
+                format!("tensor `{name}` has shape {dims:?}, expected [{experts}, {rows}, {cols}]"),
+            ));
+        }
+        let dtype = info.ggml_dtype;
+        if !cols.is_multiple_of(dtype.block_size()) {
+            return Err(invalid(
+                self.path,
+                format!(
+                    "tensor `{name}`: row length {cols} is not a multiple of the {dtype:?} block \
+                     size {}",
+                    dtype.block_size()
+                ),
+            ));
+        }
+        let q = self.read(reader, name, dims)?;
+        let data = q.data().map_err(|e| {
+            invalid(
+                self.path,
+                format!("tensor `{name}`: {}", candle_message(&e)),
+            )
+        })?;
+        let per = data.len() / experts;
+        (0..experts)
+            .map(|e| {
+                let part = qtensor_from_ggml(
+                    dtype,
+                    &data[e * per..(e + 1) * per],
+                    vec![rows, cols],
+                    self.device,
+                )
+                .map_err(|err| {
+                    invalid(
+                        self.path,
+                        format!("tensor `{name}`, expert {e}: {}", candle_message(&err)),
+                    )
+                })?;
+                self.matmul(part, name)
+            })
+            .collect()
     }
 
     /// Reads the 1-D tensor `name` of `len` values as an f32 tensor.

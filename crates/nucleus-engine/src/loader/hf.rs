@@ -45,18 +45,18 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::QMatMul;
 use candle_core::safetensors::{Load, MmapedSafetensors};
 use candle_core::{DType, Device, Tensor};
-use serde_json::Value;
+use serde_json::{json, Value};
 use tokenizers::Tokenizer;
 
 use crate::error::{bounded, candle_message, invalid, quote, shown_path, EngineError, Result};
 use crate::loader::LoadedModel;
 use crate::models::rope::yarn_mscale;
-use crate::models::transformer::{LayerWeights, Linear, ModelConfig, Weights};
-use crate::models::{RopeConfig, RopeLayout, RopeScaling, Transformer};
+use crate::models::transformer::{FeedForward, LayerWeights, Linear, Mlp, ModelConfig, Weights};
+use crate::models::{MoeConfig, RopeConfig, RopeLayout, RopeScaling, SparseMoe, Transformer};
 use crate::tokenizer::{bos_eos_template, ModelTokenizer, TokenizerKind};
 
 /// The `model_type`s [`load_hf_folder`] runs.
-pub const SUPPORTED_MODEL_TYPES: [&str; 3] = ["llama", "qwen2", "qwen3"];
+pub const SUPPORTED_MODEL_TYPES: [&str; 5] = ["llama", "qwen2", "qwen3", "qwen3_moe", "minimind"];
 
 /// The most bytes of a JSON file of a model folder we read (config, index, tokenizer config):
 /// real ones are at most a few MB (a sharded index of a large model ~100 KB).
@@ -138,8 +138,38 @@ pub fn load_hf_folder(dir: &Path, device: &Device) -> Result<LoadedModel> {
         used: Default::default(),
     };
     reader.check_memory()?;
-    let weights = read_weights(&reader, &mut model_config)?;
+    let minimind = minimind_layout(&cfg)?;
+    let weights = read_weights(&reader, &mut model_config).map_err(|e| match (e, minimind) {
+        (EngineError::InvalidModel { path, message }, Some(layout))
+            if message.starts_with("missing tensor") =>
+        {
+            EngineError::InvalidModel {
+                path,
+                message: bounded(format!(
+                    "{message}: config.json describes the {} layout ({})",
+                    layout.name(),
+                    layout.hint()
+                )),
+            }
+        }
+        (e, _) => e,
+    })?;
     let unused = reader.unused();
+    if let (Some(first), Some(layout)) = (unused.first(), minimind) {
+        // MiniMind loads its state dict strictly: a tensor its layout has no place for means
+        // the config and the checkpoint disagree.
+        return Err(invalid(
+            dir,
+            format!(
+                "tensor {} is not part of the {} layout config.json describes ({}); {} \
+                 tensor(s) unused",
+                quote(first.as_bytes()),
+                layout.name(),
+                layout.hint(),
+                unused.len()
+            ),
+        ));
+    }
     if let Some(first) = unused.first() {
         warnings.push(bounded(format!(
             "{}: {} tensor(s) of the checkpoint are not used by a {} model (first: {}), as \
@@ -330,6 +360,155 @@ fn read_optional_json(path: &Path, what: &str) -> Result<Option<Value>> {
     read_json(path, what).map(Some)
 }
 
+/// The layout of a `model_type: "minimind"` checkpoint, told apart by its config.json.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MiniMind {
+    /// MiniMind-3 (2026-04): Qwen3's layout (q/k norms), `num_experts`, no shared experts.
+    V3,
+    /// MiniMind2 (2025): no q/k norms, `n_routed_experts` and `n_shared_experts`.
+    V2,
+}
+
+impl MiniMind {
+    fn name(self) -> &'static str {
+        match self {
+            MiniMind::V3 => "MiniMind-3",
+            MiniMind::V2 => "MiniMind2",
+        }
+    }
+
+    /// How the other layout differs, for messages.
+    fn hint(self) -> &'static str {
+        match self {
+            MiniMind::V3 => {
+                "q/k norms, `num_experts`; a MiniMind2 checkpoint has no q/k norms and its \
+                 config.json has `n_routed_experts` / `n_shared_experts`"
+            }
+            MiniMind::V2 => {
+                "no q/k norms, `n_routed_experts`, shared experts; a MiniMind-3 checkpoint has \
+                 q/k norms and its config.json has `num_experts`"
+            }
+        }
+    }
+}
+
+/// config.json's family, and for `minimind` its layout.
+fn minimind_layout(cfg: &Json<'_>) -> Result<Option<MiniMind>> {
+    if cfg.get("model_type").and_then(Value::as_str) != Some("minimind") {
+        return Ok(None);
+    }
+    let v2_keys: Vec<&str> = ["n_routed_experts", "n_shared_experts"]
+        .into_iter()
+        .filter(|k| cfg.get(k).is_some())
+        .collect();
+    let v3_keys: Vec<&str> = ["num_experts", "head_dim", "moe_intermediate_size"]
+        .into_iter()
+        .filter(|k| cfg.get(k).is_some())
+        .collect();
+    match (v2_keys.is_empty(), v3_keys.is_empty()) {
+        (false, false) => Err(cfg.err(format!(
+            "a minimind config.json matches neither layout: it has MiniMind2's {} and \
+             MiniMind-3's {}",
+            v2_keys.join(", "),
+            v3_keys.join(", ")
+        ))),
+        (false, true) => Ok(Some(MiniMind::V2)),
+        _ => Ok(Some(MiniMind::V3)),
+    }
+}
+
+/// A minimind config.json with MiniMind's defaults filled in where a key is absent
+/// (`MiniMindConfig.__init__`'s `kwargs.get(key, default)` in jingyaogong/minimind
+/// `model/model_minimind.py`, and its 2025 MiniMind2 signature), so the common parser reads it.
+/// MiniMind sets `rope_scaling` itself (YaRN, factor 16 over 2048 positions, when
+/// `inference_rope_scaling`), ignoring config.json's; applied only when
+/// `max_position_embeddings` exceeds 2048, as its `precompute_freqs_cis` does.
+fn minimind_config(cfg: &Json<'_>, layout: MiniMind) -> Result<Value> {
+    let mut c = cfg.value.clone();
+    let obj = c
+        .as_object_mut()
+        .ok_or_else(|| cfg.err("config.json is not a JSON object"))?;
+    let mut default = |key: &str, v: Value| {
+        if obj.get(key).is_none_or(Value::is_null) {
+            obj.insert(key.to_string(), v);
+        }
+    };
+    let v2 = layout == MiniMind::V2;
+    default("hidden_size", json!(if v2 { 512 } else { 768 }));
+    default("num_hidden_layers", json!(8));
+    default("vocab_size", json!(6400));
+    default("num_attention_heads", json!(8));
+    default("num_key_value_heads", json!(if v2 { 2 } else { 4 }));
+    default("max_position_embeddings", json!(32768));
+    default("rms_norm_eps", json!(if v2 { 1e-5 } else { 1e-6 }));
+    default("rope_theta", json!(1e6));
+    default("hidden_act", json!("silu"));
+    default("bos_token_id", json!(1));
+    default("eos_token_id", json!(2));
+    default("use_moe", json!(false));
+    default("norm_topk_prob", json!(true));
+    if v2 {
+        default("num_experts_per_tok", json!(2));
+        default("n_routed_experts", json!(4));
+        default("n_shared_experts", json!(1));
+    } else {
+        default("tie_word_embeddings", json!(true));
+        default("num_experts_per_tok", json!(1));
+        default("num_experts", json!(4));
+    }
+    let probe = Json {
+        path: cfg.path,
+        value: &Value::Object(obj.clone()),
+    };
+    let hidden = probe.usize("hidden_size")?;
+    let heads = probe.usize("num_attention_heads")?;
+    let inference_rope_scaling = probe.opt_bool("inference_rope_scaling")?.unwrap_or(false);
+    let max_pos = probe.usize("max_position_embeddings")?;
+    if probe.get("intermediate_size").is_none() {
+        // MiniMind-3: ceil(hidden * pi / 64) * 64; MiniMind2: 64 * ceil(int(hidden * 8 / 3) / 64).
+        let inter = if v2 {
+            (hidden * 8 / 3).div_ceil(64) * 64
+        } else {
+            (hidden as f64 * std::f64::consts::PI / 64.0).ceil() as usize * 64
+        };
+        obj.insert("intermediate_size".to_string(), json!(inter));
+    }
+    if v2 {
+        // MiniMind2's attention always has head_dim = hidden / heads and ties the LM head.
+        if hidden % heads != 0 {
+            return Err(cfg.err(format!(
+                "hidden_size {hidden} is not a multiple of num_attention_heads {heads}"
+            )));
+        }
+        obj.insert("head_dim".to_string(), json!(hidden / heads));
+        obj.insert("tie_word_embeddings".to_string(), json!(true));
+        if let Some(f) = probe.opt_str("scoring_func")? {
+            if f != "softmax" {
+                return Err(unsupported(
+                    cfg.path,
+                    format!(
+                        "scoring_func {} (MiniMind2 implements only \"softmax\")",
+                        quote(f.as_bytes())
+                    ),
+                ));
+            }
+        }
+    } else if probe.get("moe_intermediate_size").is_none() {
+        let inter = obj["intermediate_size"].clone();
+        obj.insert("moe_intermediate_size".to_string(), inter);
+    }
+    obj.remove("rope_parameters");
+    obj.remove("rope_scaling");
+    if inference_rope_scaling && max_pos > 2048 {
+        obj.insert(
+            "rope_scaling".to_string(),
+            json!({"type": "yarn", "factor": 16.0, "original_max_position_embeddings": 2048,
+                   "beta_fast": 32.0, "beta_slow": 1.0, "attention_factor": 1.0}),
+        );
+    }
+    Ok(c)
+}
+
 /// The [`ModelConfig`] of config.json (vocabulary size, special ids and weight dtype are
 /// completed from the weights and the tokenizer).
 fn model_config(cfg: &Json<'_>) -> Result<ModelConfig> {
@@ -358,15 +537,32 @@ fn model_config(cfg: &Json<'_>) -> Result<ModelConfig> {
             ),
         ));
     }
+    let minimind = minimind_layout(cfg)?;
+    let normalized;
+    let cfg = match minimind {
+        Some(layout) => {
+            normalized = minimind_config(cfg, layout)?;
+            &Json {
+                path: cfg.path,
+                value: &normalized,
+            }
+        }
+        None => cfg,
+    };
     let hidden_size = cfg.usize("hidden_size")?;
     let ffn_size = cfg.usize("intermediate_size")?;
     let n_layer = cfg.usize("num_hidden_layers")?;
     let n_head = cfg.usize("num_attention_heads")?;
     // The defaults of the families' config classes: LlamaConfig `None` → the head count;
     // Qwen2Config and Qwen3Config 32 (configuration_qwen2.py / configuration_qwen3.py).
+    // Qwen3MoeConfig 4 (configuration_qwen3_moe.py).
     let n_kv_head = cfg
         .opt_usize("num_key_value_heads")?
-        .unwrap_or(if model_type == "llama" { n_head } else { 32 });
+        .unwrap_or(match model_type {
+            "llama" => n_head,
+            "qwen3_moe" => 4,
+            _ => 32,
+        });
     let vocab_size = cfg.usize("vocab_size")?;
     let context_length = cfg.usize("max_position_embeddings")?;
     let rms_norm_eps = cfg
@@ -439,11 +635,14 @@ fn model_config(cfg: &Json<'_>) -> Result<ModelConfig> {
         }
     }
     let attention_bias = cfg.opt_bool("attention_bias")?.unwrap_or(false);
-    let (qkv_bias, o_bias, qk_norm) = match model_type {
-        "qwen2" => (true, false, false),
-        "qwen3" => (attention_bias, attention_bias, true),
+    let (qkv_bias, o_bias, qk_norm) = match (model_type, minimind) {
+        ("qwen2", _) => (true, false, false),
+        ("qwen3" | "qwen3_moe", _) => (attention_bias, attention_bias, true),
+        ("minimind", Some(MiniMind::V3)) => (false, false, true),
+        ("minimind", _) => (false, false, false),
         _ => (attention_bias, attention_bias, false),
     };
+    let moe = moe_config(cfg, model_type, minimind, n_layer, ffn_size, hidden_size)?;
     let rope = rope_config(cfg, context_length)?;
     let weight_dtype = cfg
         .opt_str("torch_dtype")?
@@ -469,7 +668,162 @@ fn model_config(cfg: &Json<'_>) -> Result<ModelConfig> {
         weight_dtype,
         bos_token_id: None,
         eos_token_ids: Vec::new(),
+        moe,
     })
+}
+
+/// The MoE layers of config.json (`None` for a dense model):
+/// - `qwen3_moe` (`Qwen3MoeConfig`, transformers `configuration_qwen3_moe.py`, and
+///   `Qwen3MoeDecoderLayer`): `num_experts` (transformers 5.8: `num_local_experts`; default
+///   128), `num_experts_per_tok` (8), `moe_intermediate_size` (768), `norm_topk_prob` (false),
+///   `decoder_sparse_step` (1), `mlp_only_layers` ([]); layer `l` is MoE iff `l` is not in
+///   `mlp_only_layers`, `num_experts > 0` and `(l + 1) % decoder_sparse_step == 0`;
+/// - `minimind` with `use_moe`: every layer; MiniMind-3 `num_experts`, `num_experts_per_tok`,
+///   `moe_intermediate_size`, `norm_topk_prob` (even for k = 1); MiniMind2 `n_routed_experts`,
+///   `num_experts_per_tok`, `n_shared_experts`, experts of `intermediate_size`, and
+///   `norm_topk_prob` only when k > 1.
+fn moe_config(
+    cfg: &Json<'_>,
+    model_type: &str,
+    minimind: Option<MiniMind>,
+    n_layer: usize,
+    ffn_size: usize,
+    hidden_size: usize,
+) -> Result<Option<MoeConfig>> {
+    let count = |key: &str, default: usize| -> Result<usize> {
+        match cfg.get(key) {
+            None => Ok(default),
+            Some(v) => v
+                .as_u64()
+                .and_then(|v| usize::try_from(v).ok())
+                .ok_or_else(|| {
+                    cfg.err(format!(
+                        "field `{key}` is {}, expected a non-negative integer",
+                        describe(v)
+                    ))
+                }),
+        }
+    };
+    let check = |experts: usize, k: usize, inter: usize| -> Result<()> {
+        if experts > nucleus_moe::MAX_EXPERT_NUM as usize {
+            return Err(unsupported(
+                cfg.path,
+                format!(
+                    "{experts} experts (at most {} are routed)",
+                    nucleus_moe::MAX_EXPERT_NUM
+                ),
+            ));
+        }
+        if k == 0 || k > experts {
+            return Err(cfg.err(format!(
+                "num_experts_per_tok {k} is outside 1..={experts} (the number of experts)"
+            )));
+        }
+        if inter == 0 || inter.checked_mul(hidden_size).is_none_or(|p| p > 1 << 40) {
+            return Err(cfg.err(format!(
+                "the experts' intermediate size {inter} is 0 or too large"
+            )));
+        }
+        Ok(())
+    };
+    match (model_type, minimind) {
+        ("qwen3_moe", _) => {
+            let experts = match (cfg.get("num_experts"), cfg.get("num_local_experts")) {
+                (Some(_), Some(_)) => {
+                    let (a, b) = (count("num_experts", 0)?, count("num_local_experts", 0)?);
+                    if a != b {
+                        return Err(cfg.err(format!(
+                            "num_experts {a} and num_local_experts {b} disagree"
+                        )));
+                    }
+                    a
+                }
+                (None, Some(_)) => count("num_local_experts", 0)?,
+                _ => count("num_experts", 128)?,
+            };
+            let step = count("decoder_sparse_step", 1)?;
+            if step == 0 {
+                return Err(cfg.err("field `decoder_sparse_step` is 0"));
+            }
+            let mlp_only: Vec<usize> = match cfg.get("mlp_only_layers") {
+                None => Vec::new(),
+                Some(Value::Array(a)) => a
+                    .iter()
+                    .map(|v| {
+                        v.as_u64()
+                            .and_then(|v| usize::try_from(v).ok())
+                            .filter(|&l| l < n_layer)
+                            .ok_or_else(|| {
+                                cfg.err(format!(
+                                    "field `mlp_only_layers` holds {}, not a layer index below \
+                                     num_hidden_layers {n_layer}",
+                                    describe(v)
+                                ))
+                            })
+                    })
+                    .collect::<Result<_>>()?,
+                Some(v) => {
+                    return Err(cfg.err(format!(
+                        "field `mlp_only_layers` is {}, expected an array of layer indices",
+                        describe(v)
+                    )))
+                }
+            };
+            let moe_layers: Vec<usize> = (0..n_layer)
+                .filter(|l| experts > 0 && !mlp_only.contains(l) && (l + 1) % step == 0)
+                .collect();
+            if moe_layers.is_empty() {
+                return Ok(None);
+            }
+            let k = count("num_experts_per_tok", 8)?;
+            let inter = count("moe_intermediate_size", 768)?;
+            check(experts, k, inter)?;
+            Ok(Some(MoeConfig {
+                num_experts: experts,
+                num_experts_per_tok: k,
+                moe_intermediate_size: inter,
+                norm_topk_prob: cfg.opt_bool("norm_topk_prob")?.unwrap_or(false),
+                n_shared_experts: 0,
+                shared_intermediate_size: 0,
+                moe_layers,
+            }))
+        }
+        (_, Some(layout)) => {
+            if !cfg.opt_bool("use_moe")?.unwrap_or(false) {
+                return Ok(None);
+            }
+            let k = count("num_experts_per_tok", 0)?;
+            let norm = cfg.opt_bool("norm_topk_prob")?.unwrap_or(true);
+            let (experts, inter, shared, norm) = match layout {
+                MiniMind::V3 => (
+                    count("num_experts", 0)?,
+                    count("moe_intermediate_size", 0)?,
+                    0,
+                    norm,
+                ),
+                MiniMind::V2 => (
+                    count("n_routed_experts", 0)?,
+                    ffn_size,
+                    count("n_shared_experts", 0)?,
+                    norm && k > 1,
+                ),
+            };
+            check(experts, k, inter)?;
+            if shared > 64 {
+                return Err(cfg.err(format!("n_shared_experts {shared} is more than 64")));
+            }
+            Ok(Some(MoeConfig {
+                num_experts: experts,
+                num_experts_per_tok: k,
+                moe_intermediate_size: inter,
+                norm_topk_prob: norm,
+                n_shared_experts: shared,
+                shared_intermediate_size: if shared > 0 { ffn_size } else { 0 },
+                moe_layers: (0..n_layer).collect(),
+            }))
+        }
+        _ => Ok(None),
+    }
 }
 
 /// The RoPE of config.json: transformers 4's `rope_theta` + `rope_scaling`, or transformers 5's
@@ -929,19 +1283,12 @@ fn read_weights(r: &TensorReader<'_>, config: &mut ModelConfig) -> Result<Weight
                 None
             },
             ffn_norm: norm("post_attention_layernorm", c.hidden_size)?,
-            gate: r.linear(
-                &format!("{mlp}.gate_proj"),
-                c.ffn_size,
-                c.hidden_size,
-                false,
-            )?,
-            up: r.linear(&format!("{mlp}.up_proj"), c.ffn_size, c.hidden_size, false)?,
-            down: r.linear(
-                &format!("{mlp}.down_proj"),
-                c.hidden_size,
-                c.ffn_size,
-                false,
-            )?,
+            ffn: match &c.moe {
+                Some(moe) if moe.moe_layers.contains(&i) => {
+                    FeedForward::Moe(read_moe(r, &mlp, moe, c.hidden_size)?)
+                }
+                _ => FeedForward::Dense(read_mlp(r, &mlp, c.ffn_size, c.hidden_size)?),
+            },
         });
     }
     let norm = r.read("model.norm.weight", &[c.hidden_size])?;
@@ -976,6 +1323,72 @@ fn read_weights(r: &TensorReader<'_>, config: &mut ModelConfig) -> Result<Weight
         norm,
         lm_head,
     })
+}
+
+/// A dense SwiGLU block: `{prefix}.{gate,up,down}_proj.weight`.
+fn read_mlp(r: &TensorReader<'_>, prefix: &str, inter: usize, hidden: usize) -> Result<Mlp> {
+    Ok(Mlp {
+        gate: r.linear(&format!("{prefix}.gate_proj"), inter, hidden, false)?,
+        up: r.linear(&format!("{prefix}.up_proj"), inter, hidden, false)?,
+        down: r.linear(&format!("{prefix}.down_proj"), hidden, inter, false)?,
+    })
+}
+
+/// An MoE block under `prefix` (`model.layers.{i}.mlp`): the router `gate.weight` `[E, H]`;
+/// the experts either per expert (`experts.{e}.{gate,up,down}_proj.weight`) or fused as newer
+/// transformers saves them (`experts.gate_up_proj` `[E, 2I, H]`, rows `[0, I)` the gate and
+/// `[I, 2I)` the up projection as `chunk(2)` splits them, and `experts.down_proj` `[E, H, I]`,
+/// no `.weight` suffix: `Qwen3MoeExperts` in `modeling_qwen3_moe.py`); MiniMind2's shared
+/// experts `shared_experts.{j}.{gate,up,down}_proj.weight`.
+fn read_moe(
+    r: &TensorReader<'_>,
+    prefix: &str,
+    moe: &MoeConfig,
+    hidden: usize,
+) -> Result<SparseMoe> {
+    let (e, inter) = (moe.num_experts, moe.moe_intermediate_size);
+    let router = r.linear(&format!("{prefix}.gate"), e, hidden, false)?;
+    let linear = |t: Tensor| Linear {
+        weight: QMatMul::Tensor(t),
+        bias: None,
+    };
+    let fused = format!("{prefix}.experts.gate_up_proj");
+    let experts = if r.has(&fused) {
+        let gate_up = r.read(&fused, &[e, 2 * inter, hidden])?;
+        let down = r.read(&format!("{prefix}.experts.down_proj"), &[e, hidden, inter])?;
+        (0..e)
+            .map(|x| -> Result<Mlp> {
+                let gu = gate_up.get(x)?; // [2I, H]
+                Ok(Mlp {
+                    gate: linear(gu.narrow(0, 0, inter)?.contiguous()?),
+                    up: linear(gu.narrow(0, inter, inter)?.contiguous()?),
+                    down: linear(down.get(x)?.contiguous()?),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?
+    } else {
+        (0..e)
+            .map(|x| read_mlp(r, &format!("{prefix}.experts.{x}"), inter, hidden))
+            .collect::<Result<Vec<_>>>()?
+    };
+    let shared = (0..moe.n_shared_experts)
+        .map(|j| {
+            read_mlp(
+                r,
+                &format!("{prefix}.shared_experts.{j}"),
+                moe.shared_intermediate_size,
+                hidden,
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(SparseMoe::from_parts(
+        router,
+        experts,
+        shared,
+        hidden,
+        moe.num_experts_per_tok,
+        moe.norm_topk_prob,
+    ))
 }
 
 /// A special token of tokenizer_config.json (`"bos_token": "<s>"` or

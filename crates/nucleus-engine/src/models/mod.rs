@@ -10,8 +10,11 @@
 //! families (Llama 2 / 3, Qwen2 / 2.5, Qwen3, and GGUF arch `llama`): attention with or without
 //! q/k/v (and o) biases, per-head q/k RMSNorm, an explicit head dimension, grouped-query
 //! attention, both RoPE layouts and the `rope_scaling` types of [`rope`], a tied or untied LM
-//! head, and a SwiGLU feed-forward block. A new family is a config mapping in a loader.
+//! head, and a SwiGLU feed-forward block, dense or a mixture of experts ([`moe`]: Qwen3-MoE,
+//! MiniMind-3 and MiniMind2, GGUF `qwen3moe`, routed through nucleus-moe's operators). A new
+//! family is a config mapping in a loader.
 
+pub mod moe;
 pub mod rope;
 pub mod transformer;
 
@@ -20,6 +23,7 @@ use candle_core::{Device, Tensor};
 use crate::error::Result;
 use crate::kv_cache::KvCache;
 
+pub use moe::{ExpertWeights, MoeConfig, MoeScratch, SparseMoe};
 pub use rope::{RopeConfig, RopeLayout, RopeScaling};
 pub use transformer::{ModelConfig, SeqInput, Transformer};
 

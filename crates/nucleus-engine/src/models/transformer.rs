@@ -13,7 +13,8 @@
 //!     a = softmax(q k_cache^T / sqrt(head_dim), causal) v_cache     query head h reads kv head h / (n_head / n_kv_head)
 //!     x = x + a @ Wo^T (+ bo)
 //!     h = rms_norm(x) * post_attention_layernorm
-//!     x = x + (silu(h @ Wgate^T) * (h @ Wup^T)) @ Wdown^T
+//!     x = x + (silu(h @ Wgate^T) * (h @ Wup^T)) @ Wdown^T                dense layers
+//!     x = x + moe(h)                          MoE layers: crate::models::moe::SparseMoe
 //! logits = (rms_norm(x) * norm) @ lm_head^T                         lm_head = embed when tied
 //! ```
 //! This is transformers' `LlamaForCausalLM` (`src/transformers/models/llama/modeling_llama.py`:
@@ -43,12 +44,14 @@
 //! biases, activations, the cache and the logits are f32.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Device, Module, Tensor};
 
 use crate::error::{EngineError, Result};
 use crate::kv_cache::KvCache;
+use crate::models::moe::{MoeConfig, MoeScratch, SparseMoe};
 use crate::models::rope::{RopeConfig, RopeLayout};
 use crate::models::CausalLm;
 
@@ -100,6 +103,9 @@ pub struct ModelConfig {
     /// The ids that end generation (generation_config.json's `eos_token_id`, a number or a
     /// list; GGUF's `tokenizer.ggml.eos_token_id`). May be empty.
     pub eos_token_ids: Vec<u32>,
+    /// The mixture-of-experts layers (Qwen3-MoE, MiniMind MoE, GGUF `qwen3moe`); `None` for a
+    /// dense model.
+    pub moe: Option<MoeConfig>,
 }
 
 /// A linear layer `y = x W^T + b`: `weight` `[out, in]` (f32 or ggml-quantized), `bias` `[out]`
@@ -111,7 +117,7 @@ pub(crate) struct Linear {
 }
 
 impl Linear {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = self.weight.forward(x)?;
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,
@@ -131,9 +137,32 @@ pub(crate) struct LayerWeights {
     pub q_norm: Option<Tensor>,
     pub k_norm: Option<Tensor>,
     pub ffn_norm: Tensor,
+    pub ffn: FeedForward,
+}
+
+/// A SwiGLU feed-forward block: `down(silu(gate(x)) * up(x))`; `gate`, `up` `[inter, hidden]`,
+/// `down` `[hidden, inter]`.
+#[derive(Debug, Clone)]
+pub(crate) struct Mlp {
     pub gate: Linear,
     pub up: Linear,
     pub down: Linear,
+}
+
+impl Mlp {
+    /// `x` `[T, hidden]` to `[T, hidden]`.
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let gate = self.gate.forward(x)?;
+        let up = self.up.forward(x)?;
+        self.down.forward(&(candle_nn::ops::silu(&gate)? * up)?)
+    }
+}
+
+/// The feed-forward block of a layer: dense, or a mixture of experts.
+#[derive(Debug, Clone)]
+pub(crate) enum FeedForward {
+    Dense(Mlp),
+    Moe(SparseMoe),
 }
 
 /// Every weight of a model, as a loader produced them, shapes already checked against the
@@ -174,7 +203,13 @@ pub struct Transformer {
     rope_attention_factor: f64,
     /// Attention computations run so far (one per sequence per layer per forward).
     attention_calls: AtomicU64,
+    /// The MoE layers' routing buffers, reused from step to step (a forward that finds them
+    /// in use by another thread's forward takes fresh ones).
+    moe_scratch: Mutex<MoeScratch>,
 }
+
+/// The most bytes of MoE routing buffers kept between steps (a long prefill's are dropped).
+const MOE_SCRATCH_KEEP_BYTES: usize = 64 << 20;
 
 impl Transformer {
     /// A model from its config and weights (on `device`).
@@ -206,6 +241,7 @@ impl Transformer {
             inv_freq,
             rope_attention_factor,
             attention_calls: AtomicU64::new(0),
+            moe_scratch: Mutex::new(MoeScratch::default()),
         })
     }
 
@@ -308,9 +344,16 @@ impl Transformer {
             .iter()
             .map(|seq| causal_mask(seq.tokens.len(), seq.cache.len(), &self.device))
             .collect::<Result<Vec<_>>>()?;
+        let mut shared_scratch = self.moe_scratch.try_lock().ok();
+        let mut own_scratch = MoeScratch::default();
+        let scratch = shared_scratch.as_deref_mut().unwrap_or(&mut own_scratch);
         for (l, layer) in self.weights.layers.iter().enumerate() {
-            x = self.block(l, layer, &x, &cos, &sin, &masks, batch)?;
+            x = self.block(l, layer, &x, &cos, &sin, &masks, batch, scratch)?;
         }
+        if scratch.bytes() > MOE_SCRATCH_KEEP_BYTES {
+            *scratch = MoeScratch::default();
+        }
+        drop(shared_scratch);
 
         let _span = tracing::trace_span!("lm_head").entered();
         let last_rows = Tensor::from_vec(last_rows, batch.len(), &self.device)?;
@@ -391,6 +434,7 @@ impl Transformer {
         sin: &Tensor,
         masks: &[Option<Tensor>],
         batch: &mut [SeqInput<'_>],
+        scratch: &mut MoeScratch,
     ) -> Result<Tensor> {
         let cfg = &self.config;
         let (t_total, _) = x.dims2()?;
@@ -434,9 +478,10 @@ impl Transformer {
         let x = (x + layer.o.forward(&y)?)?;
 
         let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, eps)?;
-        let gate = layer.gate.forward(&h)?;
-        let up = layer.up.forward(&h)?;
-        let ff = layer.down.forward(&(candle_nn::ops::silu(&gate)? * up)?)?;
+        let ff = match &layer.ffn {
+            FeedForward::Dense(mlp) => mlp.forward(&h)?,
+            FeedForward::Moe(moe) => moe.forward_with(&h, scratch)?,
+        };
         Ok((x + ff)?)
     }
 

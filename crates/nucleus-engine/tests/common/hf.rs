@@ -97,6 +97,171 @@ pub fn tiny_config(model_type: &str) -> Value {
     c
 }
 
+/// The tiny config of an MoE family: `qwen3_moe` (Qwen3's tiny config, 4 experts of width 48,
+/// 2 per token, renormalised), `minimind` (MiniMind-3: q/k norms, 4 experts, 1 per token,
+/// renormalised, tied), `minimind2` (`model_type` minimind with MiniMind2's fields: no q/k
+/// norms, 4 routed experts of width `intermediate_size`, 2 per token, 1 shared expert).
+pub fn tiny_moe_config(kind: &str) -> Value {
+    match kind {
+        "qwen3_moe" => {
+            let mut c = tiny_config("qwen3");
+            c["model_type"] = json!("qwen3_moe");
+            c["num_experts"] = json!(4);
+            c["num_experts_per_tok"] = json!(2);
+            c["moe_intermediate_size"] = json!(48);
+            c["norm_topk_prob"] = json!(true);
+            c["decoder_sparse_step"] = json!(1);
+            c["mlp_only_layers"] = json!([]);
+            c
+        }
+        "minimind" => json!({
+            "model_type": "minimind",
+            "vocab_size": VOCAB,
+            "hidden_size": 64,
+            "intermediate_size": 96,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "max_position_embeddings": 128,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 1e6,
+            "hidden_act": "silu",
+            "tie_word_embeddings": true,
+            "use_moe": true,
+            "num_experts": 4,
+            "num_experts_per_tok": 1,
+            "moe_intermediate_size": 48,
+            "norm_topk_prob": true,
+            "flash_attn": true,
+            "dropout": 0.0,
+            "inference_rope_scaling": false,
+            "bos_token_id": 1,
+            "eos_token_id": 2
+        }),
+        "minimind2" => json!({
+            "model_type": "minimind",
+            "vocab_size": VOCAB,
+            "hidden_size": 64,
+            "intermediate_size": 96,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 128,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 1e6,
+            "hidden_act": "silu",
+            "use_moe": true,
+            "n_routed_experts": 4,
+            "num_experts_per_tok": 2,
+            "n_shared_experts": 1,
+            "scoring_func": "softmax",
+            "norm_topk_prob": true,
+            "aux_loss_alpha": 0.01,
+            "seq_aux": true,
+            "flash_attn": true,
+            "dropout": 0.0,
+            "bos_token_id": 1,
+            "eos_token_id": 2
+        }),
+        other => panic!("no tiny MoE config {other}"),
+    }
+}
+
+/// The MoE layout of a test config, by the families' own rules (transformers'
+/// `Qwen3MoeDecoderLayer`, MiniMind's `MiniMindBlock`), written here apart from the loader.
+pub struct RefMoe {
+    pub experts: usize,
+    pub k: usize,
+    pub inter: usize,
+    pub shared: usize,
+    pub shared_inter: usize,
+    /// Whether the k probabilities are divided by their sum.
+    pub renorm: bool,
+    /// Per layer: MoE or dense.
+    pub is_moe: Vec<bool>,
+}
+
+/// Whether a config is MiniMind2's (its MoE fields are `n_routed_experts` / `n_shared_experts`).
+pub fn is_minimind2(config: &Value) -> bool {
+    config["model_type"] == "minimind" && config.get("n_routed_experts").is_some()
+}
+
+/// Whether q and k are RMS-normalised per head (Qwen3, Qwen3-MoE, MiniMind-3).
+pub fn has_qk_norm(config: &Value) -> bool {
+    match config["model_type"].as_str() {
+        Some("qwen3" | "qwen3_moe") => true,
+        Some("minimind") => !is_minimind2(config),
+        _ => false,
+    }
+}
+
+impl RefMoe {
+    pub fn of(config: &Value) -> Option<Self> {
+        let g = |k: &str| config[k].as_u64().map(|v| v as usize);
+        let layers = g("num_hidden_layers").expect("layers");
+        match config["model_type"].as_str()? {
+            "qwen3_moe" => {
+                let experts = g("num_experts")
+                    .or(g("num_local_experts"))
+                    .expect("experts");
+                let step = g("decoder_sparse_step").unwrap_or(1);
+                let only: Vec<usize> = config["mlp_only_layers"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .map(|v| v.as_u64().expect("index") as usize)
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                Some(Self {
+                    experts,
+                    k: g("num_experts_per_tok").expect("k"),
+                    inter: g("moe_intermediate_size").expect("inter"),
+                    shared: 0,
+                    shared_inter: 0,
+                    renorm: config["norm_topk_prob"].as_bool().unwrap_or(false),
+                    is_moe: (0..layers)
+                        .map(|l| experts > 0 && !only.contains(&l) && (l + 1) % step == 0)
+                        .collect(),
+                })
+            }
+            "minimind" if config["use_moe"].as_bool().unwrap_or(false) => {
+                let k = g("num_experts_per_tok").expect("k");
+                let norm = config["norm_topk_prob"].as_bool().unwrap_or(true);
+                Some(if is_minimind2(config) {
+                    let inter = g("intermediate_size").expect("inter");
+                    Self {
+                        experts: g("n_routed_experts").expect("experts"),
+                        k,
+                        inter,
+                        shared: g("n_shared_experts").unwrap_or(1),
+                        shared_inter: inter,
+                        renorm: norm && k > 1,
+                        is_moe: vec![true; layers],
+                    }
+                } else {
+                    Self {
+                        experts: g("num_experts").expect("experts"),
+                        k,
+                        inter: g("moe_intermediate_size").expect("inter"),
+                        shared: 0,
+                        shared_inter: 0,
+                        renorm: norm,
+                        is_moe: vec![true; layers],
+                    }
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Whether the LM head is the embedding (MiniMind2 always ties it).
+pub fn tied(config: &Value) -> bool {
+    is_minimind2(config) || config["tie_word_embeddings"].as_bool().unwrap_or(false)
+}
+
 /// The sizes of a test config.json (kv heads and head_dim defaulted as LlamaConfig does).
 pub struct Dims {
     pub hidden: usize,
@@ -162,16 +327,34 @@ pub fn tensor_shapes(config: &Value) -> Vec<(String, Vec<usize>)> {
                 t.push((format!("{p}.self_attn.{name}.bias"), vec![rows]));
             }
         }
-        if model_type == "qwen3" {
+        if has_qk_norm(config) {
             t.push((format!("{p}.self_attn.q_norm.weight"), vec![hd]));
             t.push((format!("{p}.self_attn.k_norm.weight"), vec![hd]));
         }
-        t.push((format!("{p}.mlp.gate_proj.weight"), vec![ffn, h]));
-        t.push((format!("{p}.mlp.up_proj.weight"), vec![ffn, h]));
-        t.push((format!("{p}.mlp.down_proj.weight"), vec![h, ffn]));
+        let mlp = |t: &mut Vec<(String, Vec<usize>)>, prefix: String, inter: usize| {
+            t.push((format!("{prefix}.gate_proj.weight"), vec![inter, h]));
+            t.push((format!("{prefix}.up_proj.weight"), vec![inter, h]));
+            t.push((format!("{prefix}.down_proj.weight"), vec![h, inter]));
+        };
+        match RefMoe::of(config) {
+            Some(moe) if moe.is_moe[i] => {
+                t.push((format!("{p}.mlp.gate.weight"), vec![moe.experts, h]));
+                for e in 0..moe.experts {
+                    mlp(&mut t, format!("{p}.mlp.experts.{e}"), moe.inter);
+                }
+                for j in 0..moe.shared {
+                    mlp(
+                        &mut t,
+                        format!("{p}.mlp.shared_experts.{j}"),
+                        moe.shared_inter,
+                    );
+                }
+            }
+            _ => mlp(&mut t, format!("{p}.mlp"), ffn),
+        }
     }
     t.push(("model.norm.weight".to_string(), vec![h]));
-    if !config["tie_word_embeddings"].as_bool().unwrap_or(false) {
+    if !tied(config) {
         t.push(("lm_head.weight".to_string(), vec![vocab, h]));
     }
     t
@@ -306,7 +489,8 @@ pub fn reference_logits(
         ..
     } = Dims::of(config);
     let eps = config["rms_norm_eps"].as_f64().expect("eps");
-    let qwen3 = config["model_type"] == "qwen3";
+    let qk_norm = has_qk_norm(config);
+    let moe = RefMoe::of(config);
     let w = |name: &str| -> Vec<f64> {
         weights
             .get(name)
@@ -376,7 +560,7 @@ pub fn reference_logits(
             for (t, heads_of, norm) in [(&mut q, heads, "q_norm"), (&mut k, kv, "k_norm")] {
                 for head in 0..heads_of {
                     let slot = &mut t[head * hd..(head + 1) * hd];
-                    if qwen3 {
+                    if qk_norm {
                         let normed = rms(slot, &w(&format!("{p}.self_attn.{norm}.weight")));
                         slot.copy_from_slice(&normed);
                     }
@@ -388,11 +572,18 @@ pub fn reference_logits(
             vs.push(v);
         }
         let ln2 = w(&format!("{p}.post_attention_layernorm.weight"));
-        let (wg, wu, wd) = (
-            w(&format!("{p}.mlp.gate_proj.weight")),
-            w(&format!("{p}.mlp.up_proj.weight")),
-            w(&format!("{p}.mlp.down_proj.weight")),
-        );
+        // SwiGLU `down(silu(gate x) * up x)` of the expert under `prefix`.
+        let swiglu = |prefix: &str, x: &[f64]| -> Vec<f64> {
+            let gate = linear(x, &w(&format!("{prefix}.gate_proj.weight")), None);
+            let up = linear(x, &w(&format!("{prefix}.up_proj.weight")), None);
+            let act: Vec<f64> = gate
+                .iter()
+                .zip(&up)
+                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                .collect();
+            linear(&act, &w(&format!("{prefix}.down_proj.weight")), None)
+        };
+        let moe_layer = moe.as_ref().filter(|m| m.is_moe[l]);
         for i in 0..n {
             let mut attn = vec![0.0; heads * hd];
             for head in 0..heads {
@@ -417,22 +608,43 @@ pub fn reference_logits(
             let o = linear(&attn, &wo, bias("o_proj"));
             let x: Vec<f64> = xs[i].iter().zip(&o).map(|(a, b)| a + b).collect();
             let hn = rms(&x, &ln2);
-            let gate = linear(&hn, &wg, None);
-            let up = linear(&hn, &wu, None);
-            let act: Vec<f64> = gate
-                .iter()
-                .zip(&up)
-                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
-                .collect();
-            let down = linear(&act, &wd, None);
+            let down = match moe_layer {
+                None => swiglu(&format!("{p}.mlp"), &hn),
+                Some(m) => {
+                    // softmax(gate(x)) over the experts, the k largest, renormalised or not,
+                    // each chosen expert weighted; shared experts added unweighted.
+                    let logits = linear(&hn, &w(&format!("{p}.mlp.gate.weight")), None);
+                    let mx = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let e: Vec<f64> = logits.iter().map(|v| (v - mx).exp()).collect();
+                    let z: f64 = e.iter().sum();
+                    let mut order: Vec<usize> = (0..m.experts).collect();
+                    order.sort_by(|&a, &b| e[b].partial_cmp(&e[a]).expect("finite"));
+                    let chosen = &order[..m.k];
+                    let total: f64 = chosen.iter().map(|&c| e[c] / z).sum();
+                    let mut y = vec![0.0; h];
+                    for &c in chosen {
+                        let wgt = if m.renorm { e[c] / z / total } else { e[c] / z };
+                        let out = swiglu(&format!("{p}.mlp.experts.{c}"), &hn);
+                        for (yi, oi) in y.iter_mut().zip(&out) {
+                            *yi += wgt * oi;
+                        }
+                    }
+                    for j in 0..m.shared {
+                        let out = swiglu(&format!("{p}.mlp.shared_experts.{j}"), &hn);
+                        for (yi, oi) in y.iter_mut().zip(&out) {
+                            *yi += oi;
+                        }
+                    }
+                    y
+                }
+            };
             xs[i] = x.iter().zip(&down).map(|(a, b)| a + b).collect();
         }
         // Layer l is done for every position before layer l + 1 starts (the lists above were
         // computed from the previous layer's outputs).
     }
     let last = rms(&xs[n - 1], &w("model.norm.weight"));
-    let head = if has("lm_head.weight") && !config["tie_word_embeddings"].as_bool().unwrap_or(false)
-    {
+    let head = if has("lm_head.weight") && !tied(config) {
         w("lm_head.weight")
     } else {
         embed
@@ -484,6 +696,9 @@ pub fn write_gguf(
     names.sort();
     for name in names {
         let (shape, values) = &weights[name];
+        if name.contains(".mlp.experts.") {
+            continue; // stacked below
+        }
         let mapped = if name == "model.embed_tokens.weight" {
             "token_embd.weight".to_string()
         } else if name == "model.norm.weight" {
@@ -508,6 +723,7 @@ pub fn write_gguf(
                 "mlp.gate_proj" => "ffn_gate",
                 "mlp.up_proj" => "ffn_up",
                 "mlp.down_proj" => "ffn_down",
+                "mlp.gate" => "ffn_gate_inp",
                 other => panic!("unmapped {other}"),
             };
             let suffix = rest.rsplit_once('.').expect("suffix").1;
@@ -529,6 +745,29 @@ pub fn write_gguf(
         };
         tensors.push((mapped, QTensor::quantize(&t, ty)?));
     }
+    // The converter stacks each MoE layer's experts into `ffn_{gate,up,down}_exps`
+    // ([E, I, H], [E, I, H], [E, H, I] in candle's order; ggml ne reversed).
+    let moe = RefMoe::of(config);
+    if let Some(m) = &moe {
+        for (l, _) in m.is_moe.iter().enumerate().filter(|(_, &b)| b) {
+            for (hf, gg, rows, cols) in [
+                ("gate_proj", "ffn_gate_exps", m.inter, h),
+                ("up_proj", "ffn_up_exps", m.inter, h),
+                ("down_proj", "ffn_down_exps", h, m.inter),
+            ] {
+                let mut stacked = Vec::with_capacity(m.experts * rows * cols);
+                for e in 0..m.experts {
+                    let key = format!("model.layers.{l}.mlp.experts.{e}.{hf}.weight");
+                    stacked.extend_from_slice(&weights[&key].1);
+                }
+                let t = Tensor::from_vec(stacked, (m.experts, rows, cols), &Device::Cpu)?;
+                tensors.push((
+                    format!("blk.{l}.{gg}.weight"),
+                    QTensor::quantize(&t, dtype)?,
+                ));
+            }
+        }
+    }
     let eps = config["rms_norm_eps"].as_f64().expect("eps") as f32;
     let theta = config["rope_theta"].as_f64().unwrap_or(10_000.0) as f32;
     let mut md: Vec<(String, G)> = vec![
@@ -543,7 +782,6 @@ pub fn write_gguf(
         ),
         (format!("{arch}.embedding_length"), G::U32(h as u32)),
         (format!("{arch}.block_count"), G::U32(layers as u32)),
-        (format!("{arch}.feed_forward_length"), G::U32(d.ffn as u32)),
         (format!("{arch}.attention.head_count"), G::U32(heads as u32)),
         (format!("{arch}.attention.head_count_kv"), G::U32(kv as u32)),
         (format!("{arch}.attention.key_length"), G::U32(hd as u32)),
@@ -554,10 +792,19 @@ pub fn write_gguf(
             format!("{arch}.attention.layer_norm_rms_epsilon"),
             G::F32(eps),
         ),
+        (format!("{arch}.feed_forward_length"), G::U32(d.ffn as u32)),
         ("tokenizer.ggml.model".into(), G::String("llama".into())),
         ("tokenizer.ggml.bos_token_id".into(), G::U32(1)),
         ("tokenizer.ggml.eos_token_id".into(), G::U32(2)),
     ];
+    if let Some(m) = &moe {
+        md.push((format!("{arch}.expert_count"), G::U32(m.experts as u32)));
+        md.push((format!("{arch}.expert_used_count"), G::U32(m.k as u32)));
+        md.push((
+            format!("{arch}.expert_feed_forward_length"),
+            G::U32(m.inter as u32),
+        ));
+    }
     let pieces: Vec<String> = (0..vocab)
         .map(|i| match i {
             0 => "<unk>".to_string(),
@@ -591,4 +838,35 @@ pub fn write_gguf(
     let mut file = std::fs::File::create(path)?;
     gguf_file::write(&mut file, &md_refs, &t_refs)?;
     Ok(())
+}
+
+/// The same checkpoint with each MoE layer's experts in the fused layout newer transformers
+/// saves (`mlp.experts.gate_up_proj` `[E, 2I, H]`: rows `[0, I)` expert e's gate, `[I, 2I)`
+/// its up; `mlp.experts.down_proj` `[E, H, I]`; no `.weight` suffix).
+pub fn fused(config: &Value, weights: &Weights) -> Weights {
+    let m = RefMoe::of(config).expect("an MoE config");
+    let h = Dims::of(config).hidden;
+    let mut out: Weights = weights
+        .iter()
+        .filter(|(k, _)| !k.contains(".mlp.experts."))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    for (l, _) in m.is_moe.iter().enumerate().filter(|(_, &b)| b) {
+        let p = format!("model.layers.{l}.mlp.experts");
+        let (mut gate_up, mut down) = (Vec::new(), Vec::new());
+        for e in 0..m.experts {
+            gate_up.extend_from_slice(&weights[&format!("{p}.{e}.gate_proj.weight")].1);
+            gate_up.extend_from_slice(&weights[&format!("{p}.{e}.up_proj.weight")].1);
+            down.extend_from_slice(&weights[&format!("{p}.{e}.down_proj.weight")].1);
+        }
+        out.insert(
+            format!("{p}.gate_up_proj"),
+            (vec![m.experts, 2 * m.inter, h], gate_up),
+        );
+        out.insert(
+            format!("{p}.down_proj"),
+            (vec![m.experts, h, m.inter], down),
+        );
+    }
+    out
 }

@@ -1,0 +1,324 @@
+//! [`SparseMoe`]: the mixture-of-experts feed-forward block of Qwen3-MoE and MiniMind, run on
+//! nucleus-moe's routing operators (the seed's MoE routing inside a real model).
+//!
+//! # The computation (rows `h` `[T, hidden]`, f32)
+//! ```text
+//! router_logits = h @ Wrouter^T                              [T, E] f32
+//! weights, expert_idx = moe_gating_top_k_softmax(router_logits, E, k, renorm)
+//!     renorm = false: softmax over the E experts, the k largest probabilities
+//!     renorm = true:  the same k experts, their probabilities divided by their sum
+//! expanded_x, expanded_row_idx, expert_tokens = moe_init_routing(h, expert_idx)
+//!     rows sorted by expert: expert e's rows are contiguous, expert_tokens[e] of them
+//! for each expert e with rows: out_e = (silu(x_e @ Wgate_e^T) * (x_e @ Wup_e^T)) @ Wdown_e^T
+//! y = moe_finalize_routing(out, expanded_row_idx, weights)   y[i] = sum_k w[i,k] out[row(i,k)]
+//! y += shared_j(h) for each shared expert j                  MiniMind2 only, unweighted
+//! ```
+//! Sources: transformers' `Qwen3MoeSparseMoeBlock` (`models/qwen3_moe/modeling_qwen3_moe.py`:
+//! `softmax(router_logits, dtype=float)`, `topk`, `/= sum` when `norm_topk_prob`), MiniMind's
+//! `MOEFeedForward` (jingyaogong/minimind `model/model_minimind.py`: `w / (sum + 1e-20)` when
+//! `norm_topk_prob`, even for k = 1) and MiniMind2's `MOEFeedForward` / `MoEGate` (the same
+//! file before 2026-04: renormalised only when `top_k > 1`, shared experts added unweighted),
+//! and llama.cpp's `llm_build_qwen3moe` (GGUF: always renormalised).
+//!
+//! `moe_gating_top_k_softmax` with renormalisation takes the softmax over the k chosen logits,
+//! which equals the chosen probabilities divided by their sum (the common `exp(max)` and the
+//! other experts' mass cancel); MiniMind's `+ 1e-20` changes no f32 value, since the chosen
+//! probabilities sum to at least k / E. The order of the experts in a row (descending
+//! probability, ties to the lower id) does not change the result beyond f32 rounding of the sum.
+//!
+//! The routing buffers (`expanded_x`, the expert outputs, `y`) live in a [`MoeScratch`] that the
+//! model reuses from step to step and layer to layer.
+
+use candle_core::quantized::QMatMul;
+use candle_core::{DType, Device, Tensor};
+use nucleus_moe::{
+    moe_finalize_routing_into, moe_gating_top_k_softmax, moe_init_routing_into, ExpandedX,
+    ExpertTokensNumType, FinalizeRoutingInput, MoeInitRoutingAttrs, MoeInitRoutingInput,
+    MoeInitRoutingOutput,
+};
+
+use crate::error::{EngineError, Result};
+use crate::models::transformer::{Linear, Mlp};
+
+/// The MoE hyper-parameters of a model (config.json or GGUF metadata), see the module docs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeConfig {
+    /// E, routed experts per MoE layer (`num_experts`, `num_local_experts`, MiniMind2's
+    /// `n_routed_experts`, GGUF `expert_count`).
+    pub num_experts: usize,
+    /// k, experts each token is routed to (`num_experts_per_tok`, GGUF `expert_used_count`).
+    pub num_experts_per_tok: usize,
+    /// Inner width of each routed expert's SwiGLU (`moe_intermediate_size`, GGUF
+    /// `expert_feed_forward_length`; MiniMind2's experts use `intermediate_size`).
+    pub moe_intermediate_size: usize,
+    /// Whether the k chosen probabilities are divided by their sum (`norm_topk_prob`; MiniMind2
+    /// only when k > 1; always for GGUF `qwen3moe`).
+    pub norm_topk_prob: bool,
+    /// Shared experts added unweighted to every token's output (MiniMind2's
+    /// `n_shared_experts`; 0 for Qwen3-MoE and MiniMind-3).
+    pub n_shared_experts: usize,
+    /// Inner width of each shared expert (MiniMind2: `intermediate_size`).
+    pub shared_intermediate_size: usize,
+    /// The layers whose feed-forward block is MoE, ascending; the others are dense with
+    /// [`crate::ModelConfig::ffn_size`] (Qwen3-MoE: layer `l` is MoE iff `l` is not in
+    /// `mlp_only_layers` and `(l + 1) % decoder_sparse_step == 0`).
+    pub moe_layers: Vec<usize>,
+}
+
+/// Reusable buffers of [`SparseMoe::forward_with`]: `moe_init_routing`'s outputs, the experts'
+/// outputs and the combined rows. Grows to the largest step seen; [`MoeScratch::bytes`] says
+/// how much it holds.
+#[derive(Debug, Default)]
+pub struct MoeScratch {
+    routing: MoeInitRoutingOutput<f32>,
+    expert_out: Vec<f32>,
+    combined: Vec<f32>,
+}
+
+impl MoeScratch {
+    /// Bytes held by the buffers (their capacities).
+    pub fn bytes(&self) -> usize {
+        let f = std::mem::size_of::<f32>();
+        let expanded = match &self.routing.expanded_x {
+            ExpandedX::Unquantized(v) => v.capacity() * f,
+            ExpandedX::Int8(v) => v.capacity(),
+        };
+        expanded
+            + self.routing.expanded_row_idx.capacity() * 4
+            + (self.expert_out.capacity() + self.combined.capacity()) * f
+    }
+}
+
+/// One mixture-of-experts feed-forward block (module docs): a router `[E, hidden]`, E routed
+/// SwiGLU experts, optional shared experts.
+///
+/// Immutable, `Send + Sync`; the routing buffers are passed in ([`SparseMoe::forward_with`]).
+#[derive(Debug, Clone)]
+pub struct SparseMoe {
+    router: Linear,
+    experts: Vec<Mlp>,
+    shared: Vec<Mlp>,
+    hidden_size: usize,
+    k: usize,
+    renorm: bool,
+}
+
+/// The three weights of one SwiGLU expert, f32 on one device: `gate` `[inter, hidden]`, `up`
+/// `[inter, hidden]`, `down` `[hidden, inter]` (transformers' `gate_proj`, `up_proj`,
+/// `down_proj` weights; `y = down(silu(gate x) * up x)`).
+#[derive(Debug, Clone)]
+pub struct ExpertWeights {
+    /// `[inter, hidden]`.
+    pub gate: Tensor,
+    /// `[inter, hidden]`.
+    pub up: Tensor,
+    /// `[hidden, inter]`.
+    pub down: Tensor,
+}
+
+impl SparseMoe {
+    /// A block from f32 tensors: `router` `[E, hidden]`, `experts` E routed experts, `shared`
+    /// experts added unweighted, `k` experts per token, `renorm` (`norm_topk_prob`).
+    ///
+    /// # Errors
+    /// [`EngineError::InvalidRequest`] when E is 0 or does not match the router's rows, k is
+    /// outside `1..=E`, or an expert's shapes do not fit `hidden` (each expert may have its
+    /// own inner width).
+    pub fn new(
+        router: Tensor,
+        experts: Vec<ExpertWeights>,
+        shared: Vec<ExpertWeights>,
+        k: usize,
+        renorm: bool,
+    ) -> Result<Self> {
+        let (e, hidden) = router.dims2()?;
+        let bad = |m: String| Err(EngineError::InvalidRequest(format!("MoE block: {m}")));
+        if e == 0 || experts.len() != e {
+            return bad(format!(
+                "the router has {e} rows but {} experts are given",
+                experts.len()
+            ));
+        }
+        if k == 0 || k > e {
+            return bad(format!("k = {k} experts per token, outside 1..={e}"));
+        }
+        let mlp = |w: ExpertWeights, what: &str| -> Result<Mlp> {
+            let (inter, h) = w.gate.dims2()?;
+            if h != hidden || w.up.dims() != [inter, hidden] || w.down.dims() != [hidden, inter] {
+                return Err(EngineError::InvalidRequest(format!(
+                    "MoE block: {what} has gate {:?}, up {:?}, down {:?}; expected [I, {hidden}], \
+                     [I, {hidden}], [{hidden}, I]",
+                    w.gate.dims(),
+                    w.up.dims(),
+                    w.down.dims()
+                )));
+            }
+            let lin = |t: Tensor| -> Result<Linear> {
+                Ok(Linear {
+                    weight: QMatMul::Tensor(t.to_dtype(DType::F32)?),
+                    bias: None,
+                })
+            };
+            Ok(Mlp {
+                gate: lin(w.gate)?,
+                up: lin(w.up)?,
+                down: lin(w.down)?,
+            })
+        };
+        let experts = experts
+            .into_iter()
+            .enumerate()
+            .map(|(i, w)| mlp(w, &format!("expert {i}")))
+            .collect::<Result<Vec<_>>>()?;
+        let shared = shared
+            .into_iter()
+            .enumerate()
+            .map(|(i, w)| mlp(w, &format!("shared expert {i}")))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self::from_parts(
+            Linear {
+                weight: QMatMul::Tensor(router.to_dtype(DType::F32)?),
+                bias: None,
+            },
+            experts,
+            shared,
+            hidden,
+            k,
+            renorm,
+        ))
+    }
+
+    /// A block from weights a loader checked (shapes already match).
+    pub(crate) fn from_parts(
+        router: Linear,
+        experts: Vec<Mlp>,
+        shared: Vec<Mlp>,
+        hidden_size: usize,
+        k: usize,
+        renorm: bool,
+    ) -> Self {
+        Self {
+            router,
+            experts,
+            shared,
+            hidden_size,
+            k,
+            renorm,
+        }
+    }
+
+    /// E, the routed experts.
+    pub fn num_experts(&self) -> usize {
+        self.experts.len()
+    }
+
+    /// k, experts per token.
+    pub fn num_experts_per_tok(&self) -> usize {
+        self.k
+    }
+
+    /// [`SparseMoe::forward_with`] with fresh buffers.
+    pub fn forward(&self, h: &Tensor) -> Result<Tensor> {
+        self.forward_with(h, &mut MoeScratch::default())
+    }
+
+    /// The block on rows `h` `[T, hidden]` (f32, CPU): `[T, hidden]` f32, by the module docs'
+    /// computation, with `scratch`'s buffers reused.
+    ///
+    /// Numerics: expert outputs are combined in f32 in slot order (descending weight), as
+    /// `moe_finalize_routing` does; the result equals the per-token loop (for each token, for
+    /// each chosen expert, weight times the expert's output) up to f32 rounding.
+    ///
+    /// # Errors
+    /// [`EngineError::Moe`] when routing refuses the router logits (a NaN or +inf logit: the
+    /// hidden states overflowed), [`EngineError::Candle`] for a tensor failure (a bug), and
+    /// [`EngineError::InvalidRequest`] when `h` is not `[T, hidden]`.
+    pub fn forward_with(&self, h: &Tensor, scratch: &mut MoeScratch) -> Result<Tensor> {
+        let (t, hidden) = h.dims2()?;
+        if hidden != self.hidden_size {
+            return Err(EngineError::InvalidRequest(format!(
+                "MoE block: rows of width {hidden}, expected {}",
+                self.hidden_size
+            )));
+        }
+        let e = self.experts.len();
+        let h = h.to_dtype(DType::F32)?.contiguous()?;
+        let router_logits = self.router.forward(&h)?.to_dtype(DType::F32)?; // [T, E]
+        let router_logits = router_logits.flatten_all()?.to_vec1::<f32>()?;
+        let gating = moe_gating_top_k_softmax(&router_logits, e, self.k, self.renorm, None)?;
+
+        let x = h.flatten_all()?.to_vec1::<f32>()?;
+        let attrs = MoeInitRoutingAttrs {
+            expert_tokens_num_flag: true,
+            expert_tokens_num_type: ExpertTokensNumType::Count,
+            ..MoeInitRoutingAttrs::new(e as i64)
+        };
+        let input = MoeInitRoutingInput {
+            x: &x,
+            num_rows: t,
+            hidden_size: hidden,
+            expert_idx: &gating.expert_idx,
+            k: self.k,
+            scale: None,
+            offset: None,
+        };
+        moe_init_routing_into(&input, &attrs, &mut scratch.routing)?;
+        let routing = &scratch.routing;
+        let ExpandedX::Unquantized(expanded) = &routing.expanded_x else {
+            unreachable!("moe_init_routing without quantisation gives rows of x's type");
+        };
+        let counts = routing
+            .expert_tokens
+            .as_deref()
+            .expect("expert_tokens_num_flag was set");
+        let device = h.device();
+        scratch.expert_out.clear();
+        let mut start = 0usize;
+        for (expert, &count) in self.experts.iter().zip(counts) {
+            let count = count as usize;
+            if count == 0 {
+                continue;
+            }
+            let rows = &expanded[start * hidden..(start + count) * hidden];
+            let y = expert.forward(&Tensor::from_slice(rows, (count, hidden), device)?)?;
+            append_rows(&mut scratch.expert_out, &y)?;
+            start += count;
+        }
+        moe_finalize_routing_into(
+            &FinalizeRoutingInput {
+                expert_out: &scratch.expert_out,
+                hidden_size: hidden,
+                valid_rows: routing.valid_rows,
+                expanded_row_idx: &routing.expanded_row_idx,
+                k: self.k,
+                weights: Some(&gating.weights),
+                expert_idx: None,
+                skip1: None,
+                skip2: None,
+                bias: None,
+            },
+            &mut scratch.combined,
+        )?;
+        let mut y = Tensor::from_slice(&scratch.combined, (t, hidden), device)?;
+        for shared in &self.shared {
+            y = (y + shared.forward(&h)?)?;
+        }
+        Ok(y)
+    }
+}
+
+/// Appends the f32 rows of `y` to `out`.
+fn append_rows(out: &mut Vec<f32>, y: &Tensor) -> Result<()> {
+    let y = y.to_dtype(DType::F32)?.flatten_all()?;
+    if matches!(y.device(), Device::Cpu) {
+        let (storage, layout) = y.storage_and_layout();
+        if let (candle_core::Storage::Cpu(cpu), Some((a, b))) =
+            (&*storage, layout.contiguous_offsets())
+        {
+            out.extend_from_slice(&cpu.as_slice::<f32>()?[a..b]);
+            return Ok(());
+        }
+    }
+    out.extend_from_slice(&y.to_vec1::<f32>()?);
+    Ok(())
+}
