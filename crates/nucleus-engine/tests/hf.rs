@@ -778,3 +778,109 @@ fn split_gguf_files_load_as_one_model() -> Result<()> {
     assert!(m.starts_with("missing: split 2 of 2 of "), "{m}");
     Ok(())
 }
+
+/// GGUF `qwen3` files in every tensor type candle reads and writes (f32, f16, bf16, the
+/// ggml block formats and the k-quants) load and give the logits candle-transformers'
+/// `quantized_qwen3` gives on the same file (both multiply with candle's `QMatMul`):
+/// within 5e-3 for f32 / f16 / bf16 (`quantized_qwen3` itself is ~1e-3 from the f64
+/// reference, where ours is ~2e-6) and 0.1 for the block types (see below); f32 / f16 / bf16
+/// also equal the f64 reference over the rounded weights within 1e-4.
+/// Sizes are whole k-quant blocks of 256 (hidden 256, ffn 256, 4 heads of 64). Q8_1 and Q8K,
+/// which candle writes but cannot read, are a typed error.
+#[test]
+fn every_gguf_tensor_type_matches_candle_transformers_quantized_qwen3() -> Result<()> {
+    use candle_core::quantized::{gguf_file, GgmlDType};
+    let mut config = tiny_config("qwen3");
+    config["hidden_size"] = json!(256);
+    config["intermediate_size"] = json!(256);
+    config["head_dim"] = json!(64);
+    config["num_hidden_layers"] = json!(1);
+    let weights = random_weights(&config, 131);
+    let mut skipped = Vec::new();
+    for dtype in [
+        GgmlDType::F32,
+        GgmlDType::F16,
+        GgmlDType::BF16,
+        GgmlDType::Q4_0,
+        GgmlDType::Q4_1,
+        GgmlDType::Q5_0,
+        GgmlDType::Q5_1,
+        GgmlDType::Q8_0,
+        GgmlDType::Q8_1,
+        GgmlDType::Q2K,
+        GgmlDType::Q3K,
+        GgmlDType::Q4K,
+        GgmlDType::Q5K,
+        GgmlDType::Q6K,
+        GgmlDType::Q8K,
+    ] {
+        let path = common::TempFile(common::temp_path("qwen3-q.gguf"));
+        if let Err(e) = common::hf::write_gguf(&path.0, &config, &weights, "qwen3", dtype) {
+            skipped.push(format!("{dtype:?}"));
+            println!("{dtype:?}: candle cannot write it ({e})");
+            continue;
+        }
+        if matches!(dtype, GgmlDType::Q8_1 | GgmlDType::Q8K) {
+            // candle writes these dot-product intermediates but cannot read them back.
+            let m = invalid_message(load_err(&path.0));
+            assert!(
+                m.contains(&format!("quantized type {dtype:?} is not supported")),
+                "{m}"
+            );
+            skipped.push(format!("{dtype:?}"));
+            continue;
+        }
+        let loaded = load_model(&path.0, &Device::Cpu)?;
+        let mut cache = loaded.model.new_cache();
+        let mut ours = vec![run(&loaded.model, &mut cache, &PROMPT)?];
+        for t in DECODE {
+            ours.push(run(&loaded.model, &mut cache, &[t])?);
+        }
+        let mut file = std::fs::File::open(&path.0)?;
+        let content = gguf_file::Content::read(&mut file)?;
+        let mut model = candle_transformers::models::quantized_qwen3::ModelWeights::from_gguf(
+            content,
+            &mut file,
+            &Device::Cpu,
+        )?;
+        let theirs = theirs(|x, pos| model.forward(x, pos))?;
+        let worst = ours
+            .iter()
+            .zip(&theirs)
+            .map(|(a, b)| max_abs_diff(a, b))
+            .fold(0f32, f32::max);
+        println!("qwen3 GGUF {dtype:?} vs candle-transformers quantized_qwen3: {worst:e}");
+        // Block types also round the activations to q8 blocks, which turns quantized_qwen3's
+        // ~1e-3 (its f32 error) into a few 1e-2; a wrong block layout gives O(1).
+        let tol = if matches!(dtype, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16) {
+            5e-3
+        } else {
+            0.1
+        };
+        assert!(worst < tol, "{dtype:?} vs quantized_qwen3: {worst}");
+        if matches!(dtype, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16) {
+            let dt = match dtype {
+                GgmlDType::F32 => DType::F32,
+                GgmlDType::F16 => DType::F16,
+                _ => DType::BF16,
+            };
+            // Matrices rounded through the type, norms kept f32 (as the writer stores them).
+            let mut held = weights.clone();
+            for (shape, values) in held.values_mut() {
+                if shape.len() == 2 {
+                    *values = Tensor::from_vec(values.clone(), values.len(), &Device::Cpu)?
+                        .to_dtype(dt)?
+                        .to_dtype(DType::F32)?
+                        .to_vec1()?;
+                }
+            }
+            compare(
+                &format!("qwen3 GGUF {dtype:?} vs f64 reference"),
+                &ours,
+                &reference(&config, &held, &RefRope::default(10_000.0, 64)),
+            );
+        }
+    }
+    assert_eq!(skipped, ["Q8_1", "Q8K"], "types candle cannot read");
+    Ok(())
+}
