@@ -119,8 +119,8 @@ struct GenerateArgs {
     /// (an error for a tokenizer that adds no BOS, as Qwen's).
     #[arg(long, required = true, allow_hyphen_values = true)]
     prompt: Vec<String>,
-    /// The model: a GGUF file (arch llama, qwen2, qwen3) or a Hugging Face model folder
-    /// (model_type llama, qwen2, qwen3). Default: $NUCLEUS_MODEL, else ggml-org/models
+    /// The model: a GGUF file (arch llama, qwen2, qwen3, qwen3moe) or a Hugging Face model
+    /// folder (model_type llama, qwen2, qwen3, qwen3_moe, minimind). Default: $NUCLEUS_MODEL, else ggml-org/models
     /// tinyllamas/stories260K.gguf from the Hugging Face hub cache.
     #[arg(long)]
     model: Option<PathBuf>,

@@ -45,6 +45,14 @@ fn qwen3_folder(tag: &str, model_type: &str) -> Folder {
         "tie_word_embeddings": true, "attention_bias": false, "use_sliding_window": false,
         "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16"
     });
+    let moe = model_type == "qwen3_moe";
+    let mut config = config;
+    if moe {
+        config["num_experts"] = serde_json::json!(4);
+        config["num_experts_per_tok"] = serde_json::json!(2);
+        config["moe_intermediate_size"] = serde_json::json!(48);
+        config["norm_topk_prob"] = serde_json::json!(true);
+    }
     std::fs::write(dir.join("config.json"), config.to_string()).expect("config");
     let mut state = 0x2545_F491_4F6C_DD1Du64;
     let mut values = |n: usize, scale: f32, offset: f32| -> Vec<f32> {
@@ -102,9 +110,19 @@ fn qwen3_folder(tag: &str, model_type: &str) -> Folder {
             0.09,
             0.0,
         );
-        put(format!("{p}.mlp.gate_proj.weight"), &[96, 64], 0.125, 0.0);
-        put(format!("{p}.mlp.up_proj.weight"), &[96, 64], 0.125, 0.0);
-        put(format!("{p}.mlp.down_proj.weight"), &[64, 96], 0.1, 0.0);
+        if moe {
+            put(format!("{p}.mlp.gate.weight"), &[4, 64], 0.5, 0.0);
+            for e in 0..4 {
+                let x = format!("{p}.mlp.experts.{e}");
+                put(format!("{x}.gate_proj.weight"), &[48, 64], 0.125, 0.0);
+                put(format!("{x}.up_proj.weight"), &[48, 64], 0.125, 0.0);
+                put(format!("{x}.down_proj.weight"), &[64, 48], 0.14, 0.0);
+            }
+        } else {
+            put(format!("{p}.mlp.gate_proj.weight"), &[96, 64], 0.125, 0.0);
+            put(format!("{p}.mlp.up_proj.weight"), &[96, 64], 0.125, 0.0);
+            put(format!("{p}.mlp.down_proj.weight"), &[64, 96], 0.1, 0.0);
+        }
     }
     candle_core::safetensors::save(&tensors, dir.join("model.safetensors")).expect("save");
     let tok =
@@ -147,7 +165,15 @@ fn greedy_with_the_library(dir: &Path, prompt: &str, max_tokens: usize) -> Strin
 
 #[test]
 fn generate_runs_a_hugging_face_folder_greedily_whatever_the_thread_count() {
-    let folder = qwen3_folder("greedy", "qwen3");
+    for model_type in ["qwen3", "qwen3_moe"] {
+        generate_greedily(model_type);
+    }
+}
+
+/// `generate` at temperature 0 on a tiny folder of `model_type` equals the library's greedy
+/// loop, with 1 and 2 threads.
+fn generate_greedily(model_type: &str) {
+    let folder = qwen3_folder("greedy", model_type);
     let dir = folder.0.to_str().expect("utf-8 path");
     let expected = greedy_with_the_library(&folder.0, "Hello world", 12);
     assert!(!expected.is_empty());
@@ -174,8 +200,11 @@ fn generate_runs_a_hugging_face_folder_greedily_whatever_the_thread_count() {
         assert!(stderr.contains("decode: "), "{stderr}");
         outputs.push(text(&out.stdout));
     }
-    assert_eq!(outputs[0], outputs[1], "--threads 1 and 2 differ");
-    assert_eq!(outputs[0].trim_end_matches('\n'), expected);
+    assert_eq!(
+        outputs[0], outputs[1],
+        "{model_type}: --threads 1 and 2 differ"
+    );
+    assert_eq!(outputs[0].trim_end_matches('\n'), expected, "{model_type}");
 }
 
 #[test]
@@ -187,7 +216,10 @@ fn bad_folders_and_thread_counts_are_one_error_line() {
     let stderr = text(&out.stderr);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(
-        stderr.contains("model_type `mamba` is not supported; supported: llama, qwen2, qwen3"),
+        stderr.contains(
+            "model_type `mamba` is not supported; supported: llama, qwen2, qwen3, qwen3_moe, \
+             minimind"
+        ),
         "{stderr}"
     );
 

@@ -4,13 +4,15 @@
 //! request and the logits, and between the sampled token and the streamed text.
 //!
 //! - [`load_model`] reads a model from a Hugging Face folder ([`load_hf_folder`]: config.json,
-//!   safetensors weights, tokenizer.json; `model_type` llama, qwen2, qwen3) or a GGUF file
+//!   safetensors weights, tokenizer.json; `model_type` llama, qwen2, qwen3, qwen3_moe,
+//!   minimind) or a GGUF file
 //!   ([`load_gguf`]: llama.cpp's format, its header through our checked parser,
-//!   [`gguf::read_content`], which refuses corrupt files; arch `llama`, `qwen2` or `qwen3`,
+//!   [`gguf::read_content`], which refuses corrupt files; arch `llama`, `qwen2`, `qwen3` or `qwen3moe`,
 //!   f32 or any quantized type candle supports; the tokenizer built from the metadata), giving
 //!   a model behind the one interface the engine sees, [`CausalLm`], its [`ModelTokenizer`]
 //!   and the warnings of what was ignored ([`LoadedModel::warnings`]). Loaders live in [`loader`], the model in
-//!   [`models`]: one decoder-only [`Transformer`] parameterised by its [`ModelConfig`].
+//!   [`models`]: one decoder-only [`Transformer`] parameterised by its [`ModelConfig`], dense or
+//!   mixture-of-experts ([`SparseMoe`], on nucleus-moe's routing operators).
 //! - [`CausalLm::forward`] runs the new tokens of many sequences in one pass: the linear
 //!   layers on all rows at once, attention per sequence over its own [`KvCache`].
 //! - [`Engine`] takes [`Request`]s (prompt, [`SamplingParams`], max_tokens, stop token ids,

@@ -488,7 +488,10 @@ fn broken_folders_are_typed_errors_naming_the_thing() -> Result<()> {
     let d = fresh(&|c| c["model_type"] = json!("mamba"))?;
     match load_err(&d.0) {
         EngineError::Unsupported(m) => assert!(
-            m.ends_with("model_type `mamba` is not supported; supported: llama, qwen2, qwen3"),
+            m.ends_with(
+                "model_type `mamba` is not supported; supported: llama, qwen2, qwen3, qwen3_moe, \
+                 minimind"
+            ),
             "{m}"
         ),
         other => panic!("{other:?}"),

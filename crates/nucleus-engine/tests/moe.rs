@@ -701,3 +701,30 @@ fn moe_block_arguments_are_checked() -> Result<()> {
     assert!(matches!(block.forward(&nan), Err(EngineError::Moe(_))));
     Ok(())
 }
+
+/// A Qwen3-MoE sequence's logits are the same run alone and in a batch with others (prefill
+/// and decode mixed), up to f32 rounding: routing is per token, whatever the other rows.
+#[test]
+fn moe_batches_agree_with_sequences_alone() -> Result<()> {
+    let config = tiny_moe_config("qwen3_moe");
+    let (dir, _) = checkpoint("qwen3-moe-batch", &config, 250)?;
+    let model = load_hf_folder(&dir.0, &Device::Cpu)?.model;
+    let prompts: [&[u32]; 3] = [&PROMPT, &[5, 6, 7], &[42]];
+    let alone: Vec<Vec<f32>> = prompts
+        .iter()
+        .map(|p| run(&model, &mut model.new_cache(), p))
+        .collect::<Result<_>>()?;
+    let mut caches: Vec<KvCache> = prompts.iter().map(|_| model.new_cache()).collect();
+    let mut batch: Vec<SeqInput<'_>> = prompts
+        .iter()
+        .zip(caches.iter_mut())
+        .map(|(tokens, cache)| SeqInput { tokens, cache })
+        .collect();
+    let logits = model.forward(&mut batch)?;
+    for (i, solo) in alone.iter().enumerate() {
+        let row: Vec<f32> = logits.get(i)?.to_vec1()?;
+        let d = max_abs_diff(&row, solo);
+        assert!(d < TOL, "sequence {i}: batched vs alone {d}");
+    }
+    Ok(())
+}

@@ -1,4 +1,4 @@
-//! GGUF archs `llama`, `qwen2` and `qwen3` onto the [`Transformer`]: hyper-parameters from the
+//! GGUF archs `llama`, `qwen2`, `qwen3` and `qwen3moe` onto the [`Transformer`]: hyper-parameters from the
 //! `{arch}.*` metadata, weights from the tensors (llama.cpp's names, `llama-arch.cpp`), and the
 //! RoPE layout llama.cpp's converter leaves: it permutes q/k into adjacent pairs for arch
 //! `llama` only (`convert_hf_to_gguf.py`, `LlamaModel.permute`); `qwen2` / `qwen3` keep Hugging
@@ -25,7 +25,7 @@ pub const SUPPORTED_ARCHS: [&str; 4] = ["llama", "qwen2", "qwen3", "qwen3moe"];
 /// `path` only for error messages, weights placed on `device`.
 ///
 /// Metadata read (required unless a default is given; `A` is the architecture):
-/// `general.architecture` (`llama`, `qwen2` or `qwen3`), `A.embedding_length`,
+/// `general.architecture` (`llama`, `qwen2`, `qwen3` or `qwen3moe`), `A.embedding_length`,
 /// `A.block_count`, `A.attention.head_count`, `A.attention.head_count_kv` (default:
 /// head_count), `A.feed_forward_length`, `A.context_length`,
 /// `A.attention.layer_norm_rms_epsilon`, `A.rope.freq_base` (default 10000),
@@ -43,9 +43,15 @@ pub const SUPPORTED_ARCHS: [&str; 4] = ["llama", "qwen2", "qwen3", "qwen3moe"];
 /// optional `output.weight [vocab, hidden]` (tied to `token_embd.weight` when absent).
 /// `qwen2` also `blk.{i}.attn_{q,k,v}.bias`; `qwen3` also `blk.{i}.attn_{q,k}_norm.weight
 /// [head_dim]`; `llama` the optional `attn_{q,k,v,output}.bias` (all layers or none).
+/// `qwen3moe` is `qwen3` with MoE blocks (`A.expert_count`, `A.expert_used_count`,
+/// `A.expert_feed_forward_length` required; `A.feed_forward_length` only for a dense block):
+/// a block with `blk.{i}.ffn_gate_inp.weight [E, hidden]` (the router) has the 3-D
+/// `ffn_gate_exps`, `ffn_up_exps [E, I, hidden]` and `ffn_down_exps [E, hidden, I]`, split per
+/// expert in their stored type; the top-k weights are always renormalised (GGUF has no
+/// `norm_topk_prob`; llama.cpp's `llm_build_qwen3moe`).
 ///
 /// Errors: [`EngineError::Unsupported`] for another architecture or a feature we do not run
-/// (MoE, partial or non-linear-scaled RoPE, per-head key/value lengths other than head_dim);
+/// (MoE outside `qwen3moe`, more than 10240 experts, partial or non-linear-scaled RoPE, per-head key/value lengths other than head_dim);
 /// [`EngineError::InvalidModel`] naming `path` and the key or tensor for a missing or
 /// mistyped key, inconsistent hyper-parameters, a missing tensor, a wrong shape, a quantized
 /// row length not divisible by its block size, or tensor data beyond the end of the file.

@@ -7,6 +7,15 @@
 //! | `llama` | `LlamaForCausalLM` (`models/llama/modeling_llama.py`) | q, k, v, o when `attention_bias` | no |
 //! | `qwen2` | `Qwen2ForCausalLM` (`models/qwen2/modeling_qwen2.py`) | q, k, v always; o never | no |
 //! | `qwen3` | `Qwen3ForCausalLM` (`models/qwen3/modeling_qwen3.py`) | q, k, v, o when `attention_bias` | `q_norm`, `k_norm` over `head_dim` |
+//! | `qwen3_moe` | `Qwen3MoeForCausalLM` (`models/qwen3_moe/modeling_qwen3_moe.py`) | as `qwen3` | as `qwen3` |
+//! | `minimind` (MiniMind-3) | `MiniMindForCausalLM` (jingyaogong/minimind `model/model_minimind.py`) | none | `q_norm`, `k_norm` |
+//! | `minimind` with `n_routed_experts` / `n_shared_experts` (MiniMind2) | the same file before 2026-04 | none | none |
+//!
+//! MoE fields (`qwen3_moe`: `num_experts` / `num_local_experts`, `num_experts_per_tok`,
+//! `moe_intermediate_size`, `norm_topk_prob`, `decoder_sparse_step`, `mlp_only_layers`;
+//! `minimind`: `use_moe`, `num_experts` or `n_routed_experts`, `n_shared_experts`,
+//! `num_experts_per_tok`, `moe_intermediate_size`, `norm_topk_prob`, `scoring_func`) are read
+//! by `moe_config`; MiniMind's absent fields take `MiniMindConfig`'s defaults.
 //!
 //! # config.json
 //! Read: `model_type`, `vocab_size`, `hidden_size`, `intermediate_size`, `num_hidden_layers`,
@@ -27,7 +36,12 @@
 //! `model.layers.{i}.self_attn.{q,k,v,o}_proj.{weight,bias}`,
 //! `model.layers.{i}.self_attn.{q,k}_norm.weight`, `model.layers.{i}.post_attention_layernorm.weight`,
 //! `model.layers.{i}.mlp.{gate,up,down}_proj.weight`, `model.norm.weight`, `lm_head.weight`
-//! (read only when the embeddings are not tied, as transformers ties them).
+//! (read only when the embeddings are not tied, as transformers ties them). MoE layers:
+//! `mlp.gate.weight` `[E, H]` and the experts per expert
+//! (`mlp.experts.{e}.{gate,up,down}_proj.weight`) or fused (`mlp.experts.gate_up_proj`
+//! `[E, 2I, H]`, `mlp.experts.down_proj` `[E, H, I]`); MiniMind2's
+//! `mlp.shared_experts.{j}.{gate,up,down}_proj.weight`. A `minimind` checkpoint is read
+//! strictly: a tensor its layout has no place for is an error (MiniMind's `strict=True`).
 //!
 //! # Tokenizer
 //! `tokenizer.json` through the `tokenizers` crate, as it is. For `tokenizer_class`
