@@ -478,9 +478,18 @@ fn check_kv_cache(
     let per_sequence = [config.vocab_size, config.n_head.saturating_mul(context)]
         .iter()
         .try_fold(0usize, |sum, &v| sum.checked_add(v.checked_mul(4)?));
+    // An MoE layer's routing buffers for the largest forward: every prompt's prefill at once,
+    // or one decode row per sequence (one layer's at a time: they are reused).
+    let rows = prompt_lens.iter().sum::<usize>().max(sequences);
+    let moe = match &config.moe {
+        Some(m) => m.routing_bytes(rows, config.hidden_size),
+        None => Some(0),
+    };
     let bytes = cache
         .zip(per_sequence.and_then(|b| b.checked_mul(sequences)))
         .and_then(|(c, s)| c.checked_add(s))
+        .zip(moe)
+        .and_then(|(c, m)| c.checked_add(m))
         .map(with_margin);
     if can_allocate_checked(bytes) {
         return Ok(());
@@ -489,12 +498,26 @@ fn check_kv_cache(
         Some(b) => format!("{b} bytes ({})", gib(b)),
         None => "more bytes than this machine can address".to_string(),
     };
+    let moe_part = match (&config.moe, moe) {
+        (Some(m), Some(b)) if b > 0 => format!(
+            "; its largest forward ({rows} rows) also needs {} for an MoE layer's routing \
+             ({} experts per token, {} experts)",
+            shown(Some(b)),
+            m.num_experts_per_tok,
+            m.num_experts
+        ),
+        (Some(_), None) => {
+            "; its MoE routing needs more bytes than this machine can address".to_string()
+        }
+        _ => String::new(),
+    };
     anyhow::bail!(
         "the KV cache of this run needs {}, which cannot be allocated here: {sequences} \
          sequences ({} prompt(s) x --n {n}), each of up to {largest} positions (its prompt \
          tokens + --max-tokens {max_tokens}, within the model's context of {context}) of {} \
-         bytes ({} layers x 2 (K and V) x {} KV heads x {} values x 4 bytes); {} with the \
-         logits and a margin. Lower --n, --max-tokens or the number of prompts",
+         bytes ({} layers x 2 (K and V) x {} KV heads x {} values x 4 bytes){moe_part}; {} \
+         with the logits, the MoE routing (if any) and a margin. Lower --n, --max-tokens or \
+         the number of prompts",
         shown(cache),
         prompt_lens.len(),
         per_position.unwrap_or(usize::MAX),

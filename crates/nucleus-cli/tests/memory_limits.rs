@@ -319,3 +319,75 @@ fn a_model_folder_whose_weights_the_machine_cannot_hold_is_one_error_line() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An MoE model's routing buffers for the largest forward are part of `generate`'s up-front
+/// check: a qwen3_moe folder of 10,240 experts with all 10,240 per token (zeros, a sparse
+/// file) needs ~8 MB of routing per row, so `--n 1024` (1,024 decode rows in one forward)
+/// needs ~8.4 GB and is refused with the numbers, where it used to abort ("memory allocation
+/// of 41943040 bytes failed", exit 134); `--n 2` runs.
+#[test]
+fn generate_refuses_moe_routing_the_machine_cannot_hold() {
+    let dir = temp_dir("moe-oom");
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = serde_json::json!({
+        "model_type": "qwen3_moe", "vocab_size": 6400, "hidden_size": 64,
+        "intermediate_size": 96, "num_hidden_layers": 1, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 64,
+        "rms_norm_eps": 1e-6, "tie_word_embeddings": true, "num_experts": 10240,
+        "num_experts_per_tok": 10240, "moe_intermediate_size": 1, "norm_topk_prob": true
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let p = "model.layers.0";
+    let names: Vec<(String, &[usize])> = vec![
+        ("model.embed_tokens.weight".into(), &[6400, 64]),
+        ("model.norm.weight".into(), &[64]),
+        (format!("{p}.input_layernorm.weight"), &[64]),
+        (format!("{p}.post_attention_layernorm.weight"), &[64]),
+        (format!("{p}.self_attn.q_proj.weight"), &[64, 64]),
+        (format!("{p}.self_attn.k_proj.weight"), &[32, 64]),
+        (format!("{p}.self_attn.v_proj.weight"), &[32, 64]),
+        (format!("{p}.self_attn.o_proj.weight"), &[64, 64]),
+        (format!("{p}.self_attn.q_norm.weight"), &[16]),
+        (format!("{p}.self_attn.k_norm.weight"), &[16]),
+        (format!("{p}.mlp.gate.weight"), &[10240, 64]),
+        (format!("{p}.mlp.experts.gate_up_proj"), &[10240, 2, 64]),
+        (format!("{p}.mlp.experts.down_proj"), &[10240, 64, 1]),
+    ];
+    let tensors: Vec<(&str, &str, &[usize], usize)> = names
+        .iter()
+        .map(|(n, s)| (n.as_str(), "F32", *s, 4))
+        .collect();
+    sparse_tensors(&dir.join("model.safetensors"), &tensors, &[]);
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(
+            shared(&format!("models/minimind-tokenizer/{f}")),
+            dir.join(f),
+        )
+        .unwrap();
+    }
+    let model = dir.to_str().unwrap();
+    let args = |n: &'static str| {
+        vec![
+            "generate",
+            "--model",
+            model,
+            "--prompt",
+            "x",
+            "--n",
+            n,
+            "--max-tokens",
+            "2",
+            "--seed",
+            "1",
+        ]
+    };
+    let out = run_under_ulimit(2_000_000, &args("1024"), None);
+    assert_one_error_line(
+        &out,
+        "its largest forward (1024 rows) also needs 8431337472 bytes (7.9 GiB) for an MoE \
+         layer's routing (10240 experts per token, 10240 experts)",
+    );
+    let out = run_under_ulimit(2_000_000, &args("2"), None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let _ = std::fs::remove_dir_all(&dir);
+}

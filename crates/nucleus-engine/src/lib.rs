@@ -66,8 +66,8 @@ pub use loader::{
     load_gguf, load_gguf_from, load_hf_folder, load_hf_tokenizer, load_model, LoadedModel,
 };
 pub use models::{
-    CausalLm, ExpertWeights, ModelConfig, MoeConfig, RopeConfig, RopeLayout, RopeScaling, SeqInput,
-    SparseMoe, Transformer,
+    moe_routing_bytes, CausalLm, ExpertWeights, ModelConfig, MoeConfig, RopeConfig, RopeLayout,
+    RopeScaling, SeqInput, SparseMoe, Transformer,
 };
 pub use nucleus_grammar::{GrammarOptions, GrammarSpec};
 pub use nucleus_sampling::SamplingParams;

@@ -393,7 +393,30 @@ fn mismatched_moe_configs_and_checkpoints_are_typed_errors() -> Result<()> {
         assert!(m.contains(needle), "{edit}: {m}");
     }
     let config = tiny_moe_config("qwen3_moe");
-    let mut f = fused(&config, &random_weights(&config, 235));
+    let all = fused(&config, &random_weights(&config, 235));
+    // Fused tensors with a `.weight` suffix, and a fused down_proj without its gate_up_proj.
+    let mut suffixed = all.clone();
+    let v = suffixed
+        .remove("model.layers.0.mlp.experts.gate_up_proj")
+        .expect("fused");
+    suffixed.insert("model.layers.0.mlp.experts.gate_up_proj.weight".into(), v);
+    let dir = TempDir::new("fused-suffix");
+    write_folder(&dir.0, &config, &suffixed, DType::F32, 1)?;
+    let m = invalid_message(load_err(&dir.0));
+    assert!(
+        m.contains("fused experts are named without the `.weight` suffix"),
+        "{m}"
+    );
+    let mut down_only = all.clone();
+    down_only.remove("model.layers.0.mlp.experts.gate_up_proj");
+    let dir = TempDir::new("fused-down-only");
+    write_folder(&dir.0, &config, &down_only, DType::F32, 1)?;
+    let m = invalid_message(load_err(&dir.0));
+    assert!(
+        m.contains("missing tensor `model.layers.0.mlp.experts.gate_up_proj`: the checkpoint has the fused"),
+        "{m}"
+    );
+    let mut f = all;
     f.remove("model.layers.1.mlp.experts.down_proj");
     let dir = TempDir::new("fused-missing");
     write_folder(&dir.0, &config, &f, DType::F32, 1)?;
@@ -697,8 +720,65 @@ fn moe_block_arguments_are_checked() -> Result<()> {
         block.forward(&rows),
         Err(EngineError::InvalidRequest(m)) if m.contains("width 16, expected 8")
     ));
-    let nan = Tensor::from_slice(&[f32::NAN; 8], (1, 8), &Device::Cpu)?;
-    assert!(matches!(block.forward(&nan), Err(EngineError::Moe(_))));
+    // Rows whose router logits are not numbers are routed nowhere and come out NaN; the other
+    // rows are what they are alone.
+    let mut rows = rng.vec(3 * 8, 1.0);
+    rows[8..16].fill(f32::NAN);
+    rows[16] = f32::INFINITY;
+    let out: Vec<f32> = block
+        .forward(&Tensor::from_slice(&rows, (3, 8), &Device::Cpu)?)?
+        .flatten_all()?
+        .to_vec1()?;
+    assert!(out[8..].iter().all(|v| v.is_nan()), "{out:?}");
+    let alone: Vec<f32> = block
+        .forward(&Tensor::from_slice(&rows[..8], (1, 8), &Device::Cpu)?)?
+        .flatten_all()?
+        .to_vec1()?;
+    assert_eq!(&out[..8], &alone[..]);
+    // The routing buffers are sized before any is allocated.
+    assert_eq!(
+        nucleus_engine::moe_routing_bytes(usize::MAX, 8, 4, 2, 4),
+        None
+    );
+    assert_eq!(
+        nucleus_engine::moe_routing_bytes(10, 8, 4, 2, 4),
+        Some(10 * 4 * (2 * 4 + 3 * 8 + 2 * (3 * 8 + 3 * 4 + 4)))
+    );
+    Ok(())
+}
+
+/// A token whose embedding is NaN poisons its own sequence only: in a batch, the other
+/// sequences' logits are what they are alone, and the poisoned one's are NaN (which the
+/// sampler refuses for that request), as in a dense model.
+#[test]
+fn a_nan_in_one_sequence_leaves_the_others_of_the_batch_alone() -> Result<()> {
+    let mut config = tiny_moe_config("qwen3_moe");
+    config["tie_word_embeddings"] = json!(false);
+    let mut weights = random_weights(&config, 270);
+    let (_, embed) = weights
+        .get_mut("model.embed_tokens.weight")
+        .expect("embedding");
+    embed[42 * 64..43 * 64].fill(f32::NAN);
+    let dir = TempDir::new("qwen3-moe-nan");
+    write_folder(&dir.0, &config, &weights, DType::F32, 1)?;
+    let model = load_hf_folder(&dir.0, &Device::Cpu)?.model;
+    let healthy = run(&model, &mut model.new_cache(), &PROMPT)?;
+    let mut caches = [model.new_cache(), model.new_cache()];
+    let [a, b] = &mut caches;
+    let logits = model.forward(&mut [
+        SeqInput {
+            tokens: &PROMPT,
+            cache: a,
+        },
+        SeqInput {
+            tokens: &[5, 42, 7],
+            cache: b,
+        },
+    ])?;
+    let first: Vec<f32> = logits.get(0)?.to_vec1()?;
+    let second: Vec<f32> = logits.get(1)?.to_vec1()?;
+    assert!(max_abs_diff(&first, &healthy) < TOL);
+    assert!(second.iter().all(|v| v.is_nan()));
     Ok(())
 }
 
@@ -725,6 +805,64 @@ fn moe_batches_agree_with_sequences_alone() -> Result<()> {
         let row: Vec<f32> = logits.get(i)?.to_vec1()?;
         let d = max_abs_diff(&row, solo);
         assert!(d < TOL, "sequence {i}: batched vs alone {d}");
+    }
+    Ok(())
+}
+
+/// k-quant experts (blocks of 256 values, 144 / 210 bytes) are split per expert too: a GGUF
+/// `qwen3moe` of Q4K and of Q6K tensors is close to the folder of its dequantized values
+/// (activations are rounded to q8 blocks by the quantized matmul, so not within f32 rounding)
+/// and far from the folder with layer 0's experts 1 and 2 swapped. Sizes are whole blocks:
+/// hidden 256, experts of width 256, 4 heads of 64.
+#[test]
+fn qwen3moe_gguf_k_quant_experts_are_split_per_expert() -> Result<()> {
+    use candle_core::quantized::{GgmlDType, QTensor};
+    let mut config = tiny_moe_config("qwen3_moe");
+    config["hidden_size"] = json!(256);
+    config["intermediate_size"] = json!(256);
+    config["moe_intermediate_size"] = json!(256);
+    config["head_dim"] = json!(64);
+    let weights = random_weights(&config, 260);
+    let folder_of = |w: &Weights, dtype: GgmlDType| -> Result<Vec<Vec<f32>>> {
+        let mut held = w.clone();
+        for (shape, values) in held.values_mut() {
+            if shape.len() == 2 {
+                let t = Tensor::from_vec(values.clone(), shape.as_slice(), &Device::Cpu)?;
+                *values = QTensor::quantize(&t, dtype)?
+                    .dequantize(&Device::Cpu)?
+                    .flatten_all()?
+                    .to_vec1()?;
+            }
+        }
+        let dir = TempDir::new("qwen3moe-kq");
+        write_folder(&dir.0, &config, &held, DType::F32, 1)?;
+        ours(&dir.0)
+    };
+    let mut swapped = weights.clone();
+    for part in ["gate_proj", "up_proj", "down_proj"] {
+        let a = format!("model.layers.0.mlp.experts.1.{part}.weight");
+        let b = format!("model.layers.0.mlp.experts.2.{part}.weight");
+        let (va, vb) = (swapped[&a].clone(), swapped[&b].clone());
+        swapped.insert(a, vb);
+        swapped.insert(b, va);
+    }
+    let worst = |x: &[Vec<f32>], y: &[Vec<f32>]| {
+        x.iter()
+            .zip(y)
+            .map(|(a, b)| max_abs_diff(a, b))
+            .fold(0f32, f32::max)
+    };
+    for dtype in [GgmlDType::Q4K, GgmlDType::Q6K] {
+        let path = common::TempFile(common::temp_path("qwen3moe-kq.gguf"));
+        common::hf::write_gguf(&path.0, &config, &weights, "qwen3moe", dtype)?;
+        let from_gguf = ours(&path.0)?;
+        let d = worst(&from_gguf, &folder_of(&weights, dtype)?);
+        let d_wrong = worst(&from_gguf, &folder_of(&swapped, dtype)?);
+        println!("qwen3moe GGUF {dtype:?}: max |diff| {d:e} to its values, {d_wrong:e} with two experts swapped");
+        assert!(
+            d < 0.1 && d_wrong > 3.0 * d,
+            "{dtype:?}: {d} to its values, {d_wrong} swapped"
+        );
     }
     Ok(())
 }

@@ -181,6 +181,7 @@ pub(crate) fn transformer_from_gguf<R: Read + Seek>(
         ));
     }
     let moe_params = if arch == "qwen3moe" {
+        let expert_count = required(&key("expert_count"))?;
         let used = required(&key("expert_used_count"))?;
         let inter = required(&key("expert_feed_forward_length"))?;
         if expert_count == 0 || used == 0 || used > expert_count || inter == 0 {

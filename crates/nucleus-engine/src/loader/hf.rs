@@ -729,8 +729,14 @@ fn moe_config(
             ));
         }
         if k == 0 || k > experts {
+            let default = if cfg.get("num_experts_per_tok").is_none() {
+                " (the default: config.json has no num_experts_per_tok)"
+            } else {
+                ""
+            };
             return Err(cfg.err(format!(
-                "num_experts_per_tok {k} is outside 1..={experts} (the number of experts)"
+                "num_experts_per_tok {k}{default} is outside 1..={experts} (the number of \
+                 experts)"
             )));
         }
         if inter == 0 || inter.checked_mul(hidden_size).is_none_or(|p| p > 1 << 40) {
@@ -1367,9 +1373,34 @@ fn read_moe(
         bias: None,
     };
     let fused = format!("{prefix}.experts.gate_up_proj");
+    let fused_down = format!("{prefix}.experts.down_proj");
+    for name in [&fused, &fused_down] {
+        if r.has(&format!("{name}.weight")) {
+            return Err(invalid(
+                r.dir,
+                format!(
+                    "tensor {}: fused experts are named without the `.weight` suffix \
+                     ({}, as transformers' Qwen3MoeExperts saves them)",
+                    quote(format!("{name}.weight").as_bytes()),
+                    quote(name.as_bytes())
+                ),
+            ));
+        }
+    }
+    if r.has(&fused_down) && !r.has(&fused) {
+        return Err(invalid(
+            r.dir,
+            format!(
+                "missing tensor {}: the checkpoint has the fused {} but not the fused gate and \
+                 up projections",
+                quote(fused.as_bytes()),
+                quote(fused_down.as_bytes())
+            ),
+        ));
+    }
     let experts = if r.has(&fused) {
         let gate_up = r.read(&fused, &[e, 2 * inter, hidden])?;
-        let down = r.read(&format!("{prefix}.experts.down_proj"), &[e, hidden, inter])?;
+        let down = r.read(&fused_down, &[e, hidden, inter])?;
         (0..e)
             .map(|x| -> Result<Mlp> {
                 let gu = gate_up.get(x)?; // [2I, H]

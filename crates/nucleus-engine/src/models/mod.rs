@@ -23,7 +23,7 @@ use candle_core::{Device, Tensor};
 use crate::error::Result;
 use crate::kv_cache::KvCache;
 
-pub use moe::{ExpertWeights, MoeConfig, MoeScratch, SparseMoe};
+pub use moe::{moe_routing_bytes, ExpertWeights, MoeConfig, MoeScratch, SparseMoe};
 pub use rope::{RopeConfig, RopeLayout, RopeScaling};
 pub use transformer::{ModelConfig, SeqInput, Transformer};
 

@@ -37,6 +37,8 @@ use nucleus_moe::{
     MoeInitRoutingOutput,
 };
 
+use rayon::prelude::*;
+
 use crate::error::{EngineError, Result};
 use crate::models::transformer::{Linear, Mlp};
 
@@ -75,6 +77,20 @@ pub struct MoeScratch {
     combined: Vec<f32>,
 }
 
+impl MoeConfig {
+    /// [`moe_routing_bytes`] of one MoE layer of this config for `rows` rows.
+    pub fn routing_bytes(&self, rows: usize, hidden: usize) -> Option<usize> {
+        moe_routing_bytes(
+            rows,
+            hidden,
+            self.num_experts,
+            self.num_experts_per_tok,
+            self.moe_intermediate_size
+                .max(self.shared_intermediate_size),
+        )
+    }
+}
+
 impl MoeScratch {
     /// Bytes held by the buffers (their capacities).
     pub fn bytes(&self) -> usize {
@@ -101,6 +117,8 @@ pub struct SparseMoe {
     hidden_size: usize,
     k: usize,
     renorm: bool,
+    /// The largest inner width of an expert (shared ones included), for the memory estimate.
+    widest: usize,
 }
 
 /// The three weights of one SwiGLU expert, f32 on one device: `gate` `[inter, hidden]`, `up`
@@ -197,6 +215,12 @@ impl SparseMoe {
         k: usize,
         renorm: bool,
     ) -> Self {
+        let widest = experts
+            .iter()
+            .chain(&shared)
+            .map(|m| m.inner_size())
+            .max()
+            .unwrap_or(0);
         Self {
             router,
             experts,
@@ -204,6 +228,7 @@ impl SparseMoe {
             hidden_size,
             k,
             renorm,
+            widest,
         }
     }
 
@@ -229,9 +254,15 @@ impl SparseMoe {
     /// `moe_finalize_routing` does; the result equals the per-token loop (for each token, for
     /// each chosen expert, weight times the expert's output) up to f32 rounding.
     ///
+    /// A row whose router logits hold a NaN or +inf, or are all -inf (its hidden state
+    /// overflowed), is routed nowhere and its output row is NaN: the failure reaches that
+    /// row's sequence (whose logits the sampler then refuses) and the other rows are unchanged.
+    ///
     /// # Errors
-    /// [`EngineError::Moe`] when routing refuses the router logits (a NaN or +inf logit: the
-    /// hidden states overflowed), [`EngineError::Candle`] for a tensor failure (a bug), and
+    /// [`EngineError::OutOfMemory`] when the routing buffers of `T` rows
+    /// ([`moe_routing_bytes`]) cannot be allocated (checked before any is),
+    /// [`EngineError::Moe`] if a routing operator refuses its input (a bug: its inputs are
+    /// checked here), [`EngineError::Candle`] for a tensor failure, and
     /// [`EngineError::InvalidRequest`] when `h` is not `[T, hidden]`.
     pub fn forward_with(&self, h: &Tensor, scratch: &mut MoeScratch) -> Result<Tensor> {
         let (t, hidden) = h.dims2()?;
@@ -242,10 +273,42 @@ impl SparseMoe {
             )));
         }
         let e = self.experts.len();
+        let bytes = moe_routing_bytes(t, hidden, e, self.k, self.widest);
+        if !bytes.is_some_and(can_reserve) {
+            return Err(EngineError::OutOfMemory {
+                what: format!(
+                    "the MoE routing of {t} rows x {} experts per token (hidden {hidden}, {e} \
+                     experts)",
+                    self.k
+                ),
+                bytes: bytes.map_or(u64::MAX, |b| b as u64),
+            });
+        }
         let h = h.to_dtype(DType::F32)?.contiguous()?;
         let router_logits = self.router.forward(&h)?.to_dtype(DType::F32)?; // [T, E]
-        let router_logits = router_logits.flatten_all()?.to_vec1::<f32>()?;
-        let gating = moe_gating_top_k_softmax(&router_logits, e, self.k, self.renorm, None)?;
+        let mut router_logits = router_logits.flatten_all()?.to_vec1::<f32>()?;
+        // A row whose router logits are not numbers (its hidden state overflowed or holds a
+        // NaN) has no routing: it is routed nowhere and its output is NaN, so the failure
+        // surfaces in its own sequence's logits (which the sampler refuses) while the other
+        // rows go on, as in a dense layer.
+        let mut unroutable = Vec::new();
+        for (row, r) in router_logits.chunks_mut(e).enumerate() {
+            if r.iter().any(|v| v.is_nan() || *v == f32::INFINITY)
+                || r.iter().all(|v| *v == f32::NEG_INFINITY)
+            {
+                unroutable.push(row);
+                r.fill(0.0);
+            }
+        }
+        let finished = (!unroutable.is_empty()).then(|| {
+            let mut f = vec![false; t];
+            for &row in &unroutable {
+                f[row] = true;
+            }
+            f
+        });
+        let gating =
+            moe_gating_top_k_softmax(&router_logits, e, self.k, self.renorm, finished.as_deref())?;
 
         let x = h.flatten_all()?.to_vec1::<f32>()?;
         let attrs = MoeInitRoutingAttrs {
@@ -272,17 +335,30 @@ impl SparseMoe {
             .as_deref()
             .expect("expert_tokens_num_flag was set");
         let device = h.device();
-        scratch.expert_out.clear();
+        // Each expert with rows is one job; jobs run in parallel on the rayon pool (each
+        // expert's result depends only on its rows, so the output does not depend on the
+        // thread count), and their outputs are appended in expert order.
+        let mut jobs = Vec::with_capacity(e);
         let mut start = 0usize;
-        for (expert, &count) in self.experts.iter().zip(counts) {
+        for (expert, &count) in counts.iter().enumerate() {
             let count = count as usize;
-            if count == 0 {
-                continue;
+            if count > 0 {
+                jobs.push((expert, start, count));
+                start += count;
             }
+        }
+        let run = |&(expert, start, count): &(usize, usize, usize)| -> Result<Tensor> {
             let rows = &expanded[start * hidden..(start + count) * hidden];
-            let y = expert.forward(&Tensor::from_slice(rows, (count, hidden), device)?)?;
-            append_rows(&mut scratch.expert_out, &y)?;
-            start += count;
+            self.experts[expert].forward(&Tensor::from_slice(rows, (count, hidden), device)?)
+        };
+        let outputs: Vec<Tensor> = if jobs.len() > 1 && rayon::current_num_threads() > 1 {
+            jobs.par_iter().map(run).collect::<Result<_>>()?
+        } else {
+            jobs.iter().map(run).collect::<Result<_>>()?
+        };
+        scratch.expert_out.clear();
+        for y in &outputs {
+            append_rows(&mut scratch.expert_out, y)?;
         }
         moe_finalize_routing_into(
             &FinalizeRoutingInput {
@@ -299,12 +375,42 @@ impl SparseMoe {
             },
             &mut scratch.combined,
         )?;
+        for &row in &unroutable {
+            scratch.combined[row * hidden..(row + 1) * hidden].fill(f32::NAN);
+        }
         let mut y = Tensor::from_slice(&scratch.combined, (t, hidden), device)?;
         for shared in &self.shared {
             y = (y + shared.forward(&h)?)?;
         }
         Ok(y)
     }
+}
+
+/// About the bytes one MoE block allocates for `rows` rows: per row the router logits
+/// (`E`, twice), the row's copies (`hidden`, 3 times), and per route the gating outputs and
+/// indices, its `expanded_x` row, the expert's output (twice) and the expert's intermediates
+/// (`3 * inter`, the widest expert's). `None` on overflow.
+pub fn moe_routing_bytes(
+    rows: usize,
+    hidden: usize,
+    experts: usize,
+    k: usize,
+    inter: usize,
+) -> Option<usize> {
+    let per_route = hidden
+        .checked_mul(3)?
+        .checked_add(inter.checked_mul(3)?)?
+        .checked_add(4)?;
+    let per_row = experts
+        .checked_mul(2)?
+        .checked_add(hidden.checked_mul(3)?)?
+        .checked_add(k.checked_mul(per_route)?)?;
+    rows.checked_mul(per_row)?.checked_mul(4)
+}
+
+/// Whether `bytes` can be allocated now (reserved and released).
+fn can_reserve(bytes: usize) -> bool {
+    Vec::<u8>::new().try_reserve_exact(bytes).is_ok()
 }
 
 /// Appends the f32 rows of `y` to `out`.

@@ -150,6 +150,15 @@ pub(crate) struct Mlp {
 }
 
 impl Mlp {
+    /// The inner width (the gate's rows).
+    pub(crate) fn inner_size(&self) -> usize {
+        let dims = match &self.gate.weight {
+            QMatMul::QTensor(q) => q.shape().dims().to_vec(),
+            QMatMul::Tensor(t) | QMatMul::TensorF16(t) => t.dims().to_vec(),
+        };
+        dims.first().copied().unwrap_or(0)
+    }
+
     /// `x` `[T, hidden]` to `[T, hidden]`.
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let gate = self.gate.forward(x)?;
