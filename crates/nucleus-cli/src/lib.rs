@@ -5,6 +5,9 @@
 //!   baselines, floors, timing), also driven by `benches/sampling.rs`.
 //! - [`sample`](mod@sample): `nucleus sample`, sampling real logits given as JSON lines or a
 //!   safetensors tensor, one JSON answer per row.
+//! - [`generate`](mod@generate): `nucleus generate`, text from a model: the flags of the whole
+//!   sampling contract, generation_config.json defaults, text or JSON output in order.
+//! - [`model`](mod@model): `--model`, a path, a hub id or a GGUF in a hub repository.
 //! - [`grammar`](mod@grammar): `nucleus grammar validate`, checking a text against a JSON
 //!   Schema, a regular expression or a Lark grammar.
 //! - [`npu_sample`](mod@npu_sample): `nucleus top-k-top-p-sample`, the Ascend-compatible fused
@@ -30,9 +33,11 @@ pub mod answer;
 pub mod bench;
 pub mod calls;
 pub mod fuzz;
+pub mod generate;
 pub mod grammar;
 pub mod input;
 pub mod memory;
+pub mod model;
 pub mod moe_init_routing;
 pub mod npu_sample;
 pub mod report;

@@ -13,6 +13,7 @@
 //! `eprintln!` then panicked again, which aborts the process (SIGABRT, exit status 134).
 
 use std::io::{self, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::input::{shown_within, MESSAGE_MAX_BYTES};
 
@@ -22,15 +23,34 @@ pub fn error(message: &str) {
     write_line("error: ", message);
 }
 
-/// Writes `message` as the line `warning: MESSAGE` on stderr (escaped and cut); a failed write
-/// is ignored.
-pub fn warning(message: &str) {
-    write_line("warning: ", message);
+/// Set by [`set_quiet`]: [`warning`] and [`note`] write nothing.
+static QUIET: AtomicBool = AtomicBool::new(false);
+
+/// `--quiet`: from now on nothing but errors goes to stderr ([`warning`] and [`note`] write
+/// nothing).
+pub fn set_quiet(quiet: bool) {
+    QUIET.store(quiet, Ordering::Relaxed);
 }
 
-/// Writes `text` as one line on stderr (escaped and cut); a failed write is ignored.
+/// Whether [`set_quiet`] silenced warnings and notes.
+pub fn is_quiet() -> bool {
+    QUIET.load(Ordering::Relaxed)
+}
+
+/// Writes `message` as the line `warning: MESSAGE` on stderr (escaped and cut), unless
+/// [`set_quiet`]; a failed write is ignored.
+pub fn warning(message: &str) {
+    if !is_quiet() {
+        write_line("warning: ", message);
+    }
+}
+
+/// Writes `text` as one line on stderr (escaped and cut), unless [`set_quiet`]; a failed write
+/// is ignored.
 pub fn note(text: &str) {
-    write_line("", text);
+    if !is_quiet() {
+        write_line("", text);
+    }
 }
 
 /// The panic hook of the `nucleus` binary: one line, `nucleus: internal error: ...`, and no

@@ -139,6 +139,11 @@ pub struct StepOutput {
     pub token: Option<u32>,
     /// Its log-probability under the processed distribution.
     pub logprob: f64,
+    /// The log-probabilities the request's [`SamplingParams::logprobs`] asked for (of the kind
+    /// its `logprobs_kind` names: the chosen token's, and the `logprobs` most likely tokens,
+    /// most likely first, ties toward the lower id); `None` when not asked or when sampling
+    /// failed.
+    pub logprobs: Option<nucleus_sampling::Logprobs>,
     /// Text this step released (may be empty: held back for UTF-8 or a possible stop string).
     pub text: String,
     /// Set when the sample finished this step.
@@ -622,6 +627,7 @@ impl Engine {
                 sample_index: seq.sample_index,
                 token: None,
                 logprob: 0.0,
+                logprobs: None,
                 text: String::new(),
                 finish: None,
                 logits: self
@@ -647,6 +653,7 @@ impl Engine {
                     } else {
                         out.token = Some(s.token);
                         out.logprob = s.logprob;
+                        out.logprobs = s.logprobs;
                         seq.output_ids.push(s.token);
                         // A grammar that can take no more text ends the sample (before
                         // min_tokens, which would otherwise ban the only token it allows, and

@@ -47,6 +47,7 @@
 pub mod detokenize;
 pub mod engine;
 pub mod error;
+pub mod generation_config;
 pub mod gguf;
 pub mod hub;
 pub mod kv_cache;
@@ -61,6 +62,7 @@ pub use engine::{
     MAX_SAMPLES_PER_REQUEST,
 };
 pub use error::{EngineError, Result};
+pub use generation_config::GenerationDefaults;
 pub use kv_cache::KvCache;
 pub use loader::{
     load_gguf, load_gguf_from, load_hf_folder, load_hf_tokenizer, load_model, LoadedModel,

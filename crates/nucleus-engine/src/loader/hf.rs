@@ -367,7 +367,7 @@ fn read_json(path: &Path, what: &str) -> Result<Value> {
 }
 
 /// An optional JSON file: `Ok(None)` when it does not exist.
-fn read_optional_json(path: &Path, what: &str) -> Result<Option<Value>> {
+pub(crate) fn read_optional_json(path: &Path, what: &str) -> Result<Option<Value>> {
     if !path.exists() {
         return Ok(None);
     }
