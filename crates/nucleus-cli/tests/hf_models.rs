@@ -236,3 +236,103 @@ fn bad_folders_and_thread_counts_are_one_error_line() {
          and 1024\n"
     );
 }
+
+/// The token ids of `--format json` output.
+fn json_ids(out: &Output) -> Vec<Vec<u64>> {
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("a JSON line");
+            v["token_ids"]
+                .as_array()
+                .expect("token_ids")
+                .iter()
+                .map(|x| x.as_u64().expect("an id"))
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn generation_config_gives_the_defaults_of_flags_not_given() {
+    let folder = qwen3_folder("genconfig", "qwen3");
+    let dir = folder.0.to_str().expect("utf-8 path");
+    // Greedy and 5 tokens from the model's generation_config.json (do_sample is ignored, as
+    // vLLM ignores it); EOS never comes in 5 tokens of this random model with `Hello world`.
+    std::fs::write(
+        folder.0.join("generation_config.json"),
+        r#"{"do_sample": true, "temperature": 0.0, "max_new_tokens": 5, "top_p": null}"#,
+    )
+    .expect("write");
+    let greedy = |n: usize| greedy_with_the_library(&folder.0, "Hello world", n);
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            dir,
+            "--prompt",
+            "Hello world",
+            "--format",
+            "json",
+        ];
+        args.extend_from_slice(extra);
+        nucleus(&args, &[])
+    };
+    let out = run(&[]);
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("generation_config.json: temperature=0, max_new_tokens=5\n"),
+        "{stderr}"
+    );
+    let taken = json_ids(&out);
+    assert_eq!(taken[0].len(), 5);
+    // The same as the flags given explicitly, and as the library's greedy loop.
+    let explicit = run(&[
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "5",
+        "--generation-config",
+        "vllm",
+    ]);
+    assert!(!text(&explicit.stderr).contains("defaults from"));
+    assert_eq!(json_ids(&explicit), taken);
+    let v: serde_json::Value =
+        serde_json::from_str(text(&out.stdout).lines().next().unwrap()).unwrap();
+    assert_eq!(v["text"].as_str().unwrap(), greedy(5));
+    // A flag wins over the file; the note lists only what was taken.
+    let out = run(&["--max-tokens", "3"]);
+    assert!(
+        text(&out.stderr).contains("generation_config.json: temperature=0\n"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(json_ids(&out)[0], taken[0][..3]);
+    // Another folder's file.
+    let other = folder.0.join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::write(
+        other.join("generation_config.json"),
+        r#"{"temperature": 0, "max_new_tokens": 2}"#,
+    )
+    .unwrap();
+    let out = run(&["--generation-config", other.to_str().unwrap()]);
+    assert_eq!(json_ids(&out)[0], taken[0][..2]);
+    // A folder without the file, and a bad value, are errors.
+    let out = run(&["--generation-config", "/nonexistent-nucleus-dir"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("no generation_config.json there"));
+    std::fs::write(
+        folder.0.join("generation_config.json"),
+        r#"{"temperature": -1}"#,
+    )
+    .unwrap();
+    let out = run(&[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("`temperature` is -1, expected a number >= 0"),
+        "{}",
+        text(&out.stderr)
+    );
+}
