@@ -675,3 +675,18 @@ fn strftime_now_formats_utc_as_c_strftime() {
         .unwrap();
     assert_eq!(out.len(), 4);
 }
+
+#[test]
+fn kwargs_bos_token_wins_over_the_field_as_in_transformers() {
+    // transformers renders with {**special_tokens_map, **kwargs}.
+    let m = msgs(json!([{"role": "user", "content": "Hi"}]));
+    let mut opts = RenderOptions {
+        bos_token: Some("<s>".into()),
+        ..Default::default()
+    };
+    opts.kwargs.insert("bos_token".into(), json!("<BOS>"));
+    assert_eq!(
+        phi3().render(&m, &opts).unwrap(),
+        "<BOS><|user|>\nHi<|end|>\n<|assistant|>\n"
+    );
+}
