@@ -55,6 +55,13 @@ pub enum EngineError {
     /// take), or a rollback went past the grammar's start.
     #[error("grammar: {0}")]
     Grammar(#[from] nucleus_grammar::GrammarError),
+    /// A chat template could not be found, parsed or rendered, or a conversation given to it
+    /// was malformed ([`crate::chat_template`]). The message names the template's origin (a file
+    /// path, `tokenizer_config.json`, a GGUF key), the line when the template is at fault, and
+    /// the problem (a syntax error, an undefined call, the text of `raise_exception`), cut to
+    /// [`MAX_MESSAGE_BYTES`] with control characters escaped.
+    #[error("chat template: {0}")]
+    ChatTemplate(String),
     /// An MoE layer's routing refused its input (nucleus-moe's message names the rule: a NaN
     /// or +inf router logit means the hidden states overflowed).
     #[error("MoE routing: {0}")]

@@ -19,6 +19,9 @@
 //!   stop strings, n) and advances every live sequence one token per [`Engine::step`], sampling
 //!   all rows with one `nucleus_sampling::sample_batch` call; requests join and leave between
 //!   steps. Text is detokenised incrementally ([`detokenize`]).
+//! - [`ChatTemplate`] finds a model's chat template (tokenizer_config.json, chat_template.jinja,
+//!   GGUF metadata) and renders a conversation as Hugging Face's `apply_chat_template` does;
+//!   [`messages_from_openai`] takes OpenAI-style messages.
 //! - [`hub::resolve_model`] finds a model: a path, `$NUCLEUS_MODEL`, or the hub cache.
 //!
 //! A generation loop:
@@ -44,6 +47,7 @@
 //! # Ok::<(), nucleus_engine::EngineError>(())
 //! ```
 
+pub mod chat_template;
 pub mod detokenize;
 pub mod engine;
 pub mod error;
@@ -57,6 +61,7 @@ pub mod threads;
 pub mod tokenizer;
 
 pub use candle_core::Device;
+pub use chat_template::{messages_from_openai, ChatTemplate, RenderOptions};
 pub use engine::{
     Engine, EngineConfig, FinishReason, Metrics, Prompt, Request, RequestInfo, StepOutput,
     MAX_SAMPLES_PER_REQUEST,
