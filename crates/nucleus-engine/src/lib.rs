@@ -19,7 +19,10 @@
 //!   stop strings, n) and advances every live sequence one token per [`Engine::step`], sampling
 //!   all rows with one `nucleus_sampling::sample_batch` call; requests join and leave between
 //!   steps. Text is detokenised incrementally ([`detokenize`]).
-//! - [`hub::resolve_model`] finds a model: a path, `$NUCLEUS_MODEL`, or the hub cache.
+//! - [`hub::resolve`] finds a model as the Hugging Face tools do: a path, a hub id
+//!   (`OWNER/NAME[@REVISION]`, `REPO:FILE.gguf`, `REPO:Q4_K_M`), `$NUCLEUS_MODEL`, or the
+//!   default model, through the hub cache and the settings of [`HubEnv`] (`HF_HOME`,
+//!   `HF_HUB_CACHE`, `HF_ENDPOINT`, `HF_HUB_OFFLINE`, `HF_TOKEN`).
 //!
 //! A generation loop:
 //!
@@ -61,6 +64,7 @@ pub use engine::{
     MAX_SAMPLES_PER_REQUEST,
 };
 pub use error::{EngineError, Result};
+pub use hub::HubEnv;
 pub use kv_cache::KvCache;
 pub use loader::{
     load_gguf, load_gguf_from, load_hf_folder, load_hf_tokenizer, load_model, LoadedModel,
