@@ -25,6 +25,11 @@
 //!   files (`mmproj*`) are never picked. Several matches are an error listing them; none is an
 //!   error listing the repository's GGUF files.
 //!
+//! Online, the repository's files are its listing on the hub (`api.repo(..).info()` siblings);
+//! offline (`HF_HUB_OFFLINE`, or when the hub cannot be reached), the files of the cached
+//! snapshot (`refs/REVISION` -> `snapshots/COMMIT/`), so a tag or a bare id matches among the
+//! files already downloaded.
+//!
 //! A spec that does not exist as a path and is not of these forms is an error
 //! ([`EngineError::ModelNotFound`]); so is one that looks like a path (starts with `/`, `.`
 //! or `~`, or its name ends in `.gguf`) and does not exist, which is never looked up on the
@@ -159,8 +164,8 @@ impl HubEnv {
     /// The hf-hub client for these settings: cache, endpoint, token; a progress bar on
     /// downloads when `progress`.
     fn api(&self, progress: bool) -> Result<hf_hub::api::sync::Api, hf_hub::api::sync::ApiError> {
-        hf_hub::api::sync::ApiBuilder::new()
-            .with_cache_dir(self.cache.clone())
+        // `from_cache`, not `new`: `new` looks for a home folder and panics without one.
+        hf_hub::api::sync::ApiBuilder::from_cache(hf_hub::Cache::new(self.cache.clone()))
             .with_endpoint(self.endpoint.clone())
             .with_token(self.token.clone())
             .with_progress(progress)
@@ -393,7 +398,10 @@ pub fn resolve_hub(spec: &HubSpec, env: &HubEnv, progress: bool) -> Result<PathB
         Ok(path) => Ok(path),
         Err(Online::Refused(e)) => Err(e),
         Err(Online::Network(net)) => resolve_cached(spec, env).map_err(|e| {
-            let why = format!("fetching from {} failed: {net}", env.endpoint);
+            let why = cut(
+                &format!("fetching from {} failed: {net}", env.endpoint),
+                200,
+            );
             e.into_error(spec, env, &why)
         }),
     }
@@ -419,14 +427,31 @@ impl Cached {
     fn into_error(self, spec: &HubSpec, env: &HubEnv, why: &str) -> EngineError {
         match self {
             Cached::Refused(e) => e,
-            Cached::Missing(what) => EngineError::ModelNotFound(bounded(format!(
-                "{} is not in the Hugging Face cache at {} ({what}) and {why}; pass --model PATH \
+            // Each part is bounded (a quoted id, shown paths, `why` cut), the hint at the end
+            // always shown.
+            Cached::Missing(what) => EngineError::ModelNotFound(format!(
+                "{} is not in the Hugging Face cache at {} ({}) and {why}; pass --model PATH \
                  to a GGUF file or a Hugging Face model folder",
                 spec_name(spec),
                 shown_path(&env.cache),
-            ))),
+                cut(&what, 300),
+            )),
         }
     }
+}
+
+/// `text` escaped as [`bounded`] does and cut to at most `max` bytes (ending in `…` when cut).
+fn cut(text: &str, max: usize) -> String {
+    let mut out = bounded(text);
+    if out.len() > max {
+        let mut at = max - '…'.len_utf8();
+        while !out.is_char_boundary(at) {
+            at -= 1;
+        }
+        out.truncate(at);
+        out.push('…');
+    }
+    out
 }
 
 /// `OWNER/NAME@REVISION`, for messages.
@@ -704,14 +729,14 @@ fn pick_gguf(spec: &HubSpec, files: &[String], tag: &str, fallback: bool) -> Res
             spec_name(spec)
         )))),
         [] => Err(EngineError::ModelNotFound(bounded(format!(
-            "no .gguf file of {} carries the tag {}; its .gguf files: {}; pass \
-             OWNER/NAME:FILE.gguf or another tag",
+            "no .gguf file of {} carries the tag {} (pass OWNER/NAME:FILE.gguf or another \
+             tag); its .gguf files: {}",
             spec_name(spec),
             quote(tag.as_bytes()),
             list(&ggufs)
         )))),
         many => Err(EngineError::ModelNotFound(bounded(format!(
-            "{} .gguf files of {} carry the tag {}: {}; pass OWNER/NAME:FILE.gguf",
+            "{} .gguf files of {} carry the tag {} (pass OWNER/NAME:FILE.gguf): {}",
             many.len(),
             spec_name(spec),
             quote(tag.as_bytes()),

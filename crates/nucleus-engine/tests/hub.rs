@@ -224,7 +224,9 @@ fn several_files_matching_a_tag_are_an_error_listing_them() {
     );
     let m = not_found(resolve_spec("Org/Many:Q4_K_M", &offline(dir.path()), false));
     assert!(
-        m.starts_with("2 .gguf files of `Org/Many@main` carry the tag `Q4_K_M`"),
+        m.starts_with(
+            "2 .gguf files of `Org/Many@main` carry the tag `Q4_K_M` (pass OWNER/NAME:FILE.gguf): "
+        ),
         "{m}"
     );
     assert!(m.contains("`a-Q4_K_M.gguf`, `b/b-q4_k_m.gguf`"), "{m}");
@@ -342,6 +344,7 @@ type Seen = Vec<(String, bool)>;
 /// for `bytes=0-0` for the metadata, then `bytes=0-` for the file). Every connection is read
 /// with a timeout and the server stops after `connections` or 10 s, so a test cannot hang.
 fn serve(
+    repo: &'static str,
     connections: usize,
     files: Vec<(&'static str, Vec<u8>)>,
 ) -> (String, std::thread::JoinHandle<Seen>) {
@@ -384,7 +387,7 @@ fn serve(
             }
             let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
             let mut out = stream;
-            let response = if path == "/api/models/Org/Tiny-GGUF/revision/main" {
+            let response = if path == format!("/api/models/{repo}/revision/main") {
                 let siblings: Vec<String> = files
                     .iter()
                     .map(|(f, _)| format!("{{\"rfilename\":\"{f}\"}}"))
@@ -399,7 +402,7 @@ fn serve(
                 );
                 [head.into_bytes(), body.into_bytes()].concat()
             } else if let Some((_, bytes)) = path
-                .strip_prefix("/Org/Tiny-GGUF/resolve/main/")
+                .strip_prefix(&format!("/{repo}/resolve/main/"))
                 .and_then(|f| files.iter().find(|(n, _)| *n == f))
             {
                 let (start, end) = range
@@ -434,6 +437,7 @@ fn hf_endpoint_and_token_reach_a_mirror_and_the_file_lands_in_the_cache() {
     let dir = tempfile::tempdir().unwrap();
     let weights: Vec<u8> = (0..=255u8).cycle().take(3000).collect();
     let (endpoint, server) = serve(
+        "Org/Tiny-GGUF",
         3,
         vec![
             ("Tiny-Q8_0.gguf", b"q8".to_vec()),
@@ -476,6 +480,36 @@ fn hf_endpoint_and_token_reach_a_mirror_and_the_file_lands_in_the_cache() {
 }
 
 #[test]
+fn online_a_transformers_repo_downloads_its_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = vec![
+        ("README.md", b"#".to_vec()),
+        ("config.json", b"{\"model_type\":\"llama\"}".to_vec()),
+        ("tokenizer.json", b"{}".to_vec()),
+        ("model.safetensors", vec![7u8; 1000]),
+        ("pytorch_model.bin", b"never fetched".to_vec()),
+    ];
+    // The listing, then two requests (metadata, body) for each of the three files needed.
+    let (endpoint, server) = serve("Org/Tiny", 7, files);
+    let env = HubEnv {
+        endpoint,
+        offline: false,
+        ..offline(dir.path())
+    };
+    let got = resolve(Some("Org/Tiny"), &env, false).unwrap();
+    let seen = server.join().unwrap();
+    assert_eq!(got, snapshot(dir.path(), "Org/Tiny", COMMIT_A));
+    assert_eq!(
+        std::fs::read(got.join("model.safetensors")).unwrap(),
+        vec![7u8; 1000]
+    );
+    assert!(got.join("tokenizer.json").is_file() && !got.join("pytorch_model.bin").exists());
+    assert_eq!(seen.len(), 7, "{seen:?}");
+    // No token given: none sent.
+    assert!(seen.iter().all(|(_, auth)| !auth), "{seen:?}");
+}
+
+#[test]
 fn a_failing_network_falls_back_to_the_cache_and_else_says_so() {
     let dir = tempfile::tempdir().unwrap();
     // A port with no server: bind, then drop.
@@ -494,7 +528,10 @@ fn a_failing_network_falls_back_to_the_cache_and_else_says_so() {
         m.contains("`Org/Tiny-GGUF@main`") && m.contains("fetching from http://127.0.0.1"),
         "{m}"
     );
-    assert!(m.contains("--model PATH"), "{m}");
+    assert!(
+        m.ends_with("pass --model PATH to a GGUF file or a Hugging Face model folder"),
+        "{m}"
+    );
     put_gguf_repo(dir.path(), "Org/Tiny-GGUF");
     let got = resolve_spec("Org/Tiny-GGUF", &env, false).unwrap();
     assert_eq!(std::fs::read(got).unwrap(), b"q4km");
