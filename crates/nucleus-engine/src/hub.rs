@@ -14,16 +14,22 @@
 //!   and, where the repository has them, `generation_config.json`, `tokenizer_config.json`,
 //!   `special_tokens_map.json`, `chat_template.jinja` and `chat_template.json`. A repository
 //!   without `config.json` is a GGUF repository: the id resolves as `OWNER/NAME:Q4_K_M`, the
-//!   default of llama.cpp's `-hf` (its `common_get_hf_file`, tag "latest": Q4_K_M first); where
-//!   no file carries Q4_K_M and the repository has exactly one GGUF file, that one.
+//!   default of llama.cpp's `-hf` (`common_get_hf_file` in `common/arg.cpp`, later
+//!   `common/download.cpp`: the tag defaults to "latest", "Q4_K_M first, then Q4, then the
+//!   first GGUF file"); where no file carries Q4_K_M and the repository has exactly one GGUF
+//!   file, that one (we do not guess among several: the error lists them).
 //! - `OWNER/NAME[@REVISION]:FILE.gguf`: that file (a path inside the repository);
 //! - `OWNER/NAME[@REVISION]:TAG`: the one `.gguf` file whose name carries the quantisation
-//!   tag, as llama.cpp's `-hf REPO:TAG` (`common/arg.cpp`, `common_get_hf_file`) picks it:
-//!   the tag matched case-insensitively against the file's name (its last path component),
-//!   as a whole token: bounded by the name's start or end or a character other than an ASCII
-//!   letter, digit or `_` (so `Q4_K` does not pick `...-Q4_K_M.gguf`). Multimodal projector
-//!   files (`mmproj*`) are never picked. Several matches are an error listing them; none is an
-//!   error listing the repository's GGUF files.
+//!   tag, llama.cpp's `-hf REPO:TAG` (the spec split at `:`, as `common_get_hf_file` splits
+//!   it). llama.cpp lets the hub pick the file (its Ollama-compatible
+//!   `/v2/OWNER/NAME/manifests/TAG` answer); we match the repository's listing locally, the
+//!   same way for the cache and for a mirror: the tag case-insensitively against the file's
+//!   name (its last path component), as a whole token, bounded by the name's start or end or
+//!   a character other than an ASCII letter, digit or `_` (so `Q4_K` does not pick
+//!   `...-Q4_K_M.gguf`, and `q4` does not pick it either, where the hub's manifest would).
+//!   Multimodal projector files (`mmproj*`) are never picked. Several matches (split GGUF
+//!   shards included) are an error listing them; none is an error listing the repository's
+//!   GGUF files.
 //!
 //! Online, the repository's files are its listing on the hub (`api.repo(..).info()` siblings);
 //! offline (`HF_HUB_OFFLINE`, or when the hub cannot be reached), the files of the cached
