@@ -22,7 +22,10 @@
 //! - [`ChatTemplate`] finds a model's chat template (tokenizer_config.json, chat_template.jinja,
 //!   GGUF metadata) and renders a conversation as Hugging Face's `apply_chat_template` does;
 //!   [`messages_from_openai`] takes OpenAI-style messages.
-//! - [`hub::resolve_model`] finds a model: a path, `$NUCLEUS_MODEL`, or the hub cache.
+//! - [`hub::resolve`] finds a model as the Hugging Face tools do: a path, a hub id
+//!   (`OWNER/NAME[@REVISION]`, `REPO:FILE.gguf`, `REPO:Q4_K_M`), `$NUCLEUS_MODEL`, or the
+//!   default model, through the hub cache and the settings of [`HubEnv`] (`HF_HOME`,
+//!   `HF_HUB_CACHE`, `HF_ENDPOINT`, `HF_HUB_OFFLINE`, `HF_TOKEN`).
 //!
 //! A generation loop:
 //!
@@ -68,6 +71,7 @@ pub use engine::{
 };
 pub use error::{EngineError, Result};
 pub use generation_config::GenerationDefaults;
+pub use hub::HubEnv;
 pub use kv_cache::KvCache;
 pub use loader::{
     load_gguf, load_gguf_from, load_hf_folder, load_hf_tokenizer, load_model, LoadedModel,
