@@ -74,7 +74,8 @@ pub use generation_config::GenerationDefaults;
 pub use hub::HubEnv;
 pub use kv_cache::KvCache;
 pub use loader::{
-    load_gguf, load_gguf_from, load_hf_folder, load_hf_tokenizer, load_model, LoadedModel,
+    load_gguf, load_gguf_from, load_gguf_tokenizer, load_hf_folder, load_hf_tokenizer, load_model,
+    load_tokenizer, load_tokenizer_json, LoadedModel,
 };
 pub use models::{
     moe_routing_bytes, CausalLm, ExpertWeights, ModelConfig, MoeConfig, RopeConfig, RopeLayout,
@@ -82,4 +83,4 @@ pub use models::{
 };
 pub use nucleus_grammar::{GrammarOptions, GrammarSpec};
 pub use nucleus_sampling::SamplingParams;
-pub use tokenizer::{ModelTokenizer, TokenizerKind};
+pub use tokenizer::{supported_pre_types, ModelTokenizer, TokenizerKind, EOG_TOKEN_TEXTS};

@@ -26,29 +26,62 @@
 //!     tokens (so `decode(.., skip_special_tokens = true)` drops them), user-defined pieces
 //!     (`token_type` 4) as non-special added tokens. As in Hugging Face, the text of an added
 //!     token inside the input (e.g. a literal `"<s>"`) encodes to that token.
-//! - `tokenizer.ggml.model = "gpt2"`: byte-level BPE with merges (Llama 3, Qwen2…), built by
-//!   candle's `TokenizerFromGguf`.
+//! - `tokenizer.ggml.model = "gpt2"`: byte-level BPE with merges (Llama 3, Qwen2, GPT-2,
+//!   DeepSeek…), built as llama.cpp's `llm_tokenizer_bpe` (`src/llama-vocab.cpp`) tokenizes and
+//!   as Hugging Face's own `tokenizer.json` files of these families are laid out:
+//!   - pre-tokenizer: chosen by `tokenizer.ggml.pre` from llama.cpp's table (see
+//!     [`supported_pre_types`]): a `Sequence` of `Split` pre-tokenizers, one per regular
+//!     expression of the type in `llm_tokenizer_bpe`'s constructor, each with `Isolated`
+//!     behaviour, then `ByteLevel(add_prefix_space = false, use_regex = false)`. A file without
+//!     the key gets llama.cpp's `default` type and a warning; an unknown value is
+//!     [`EngineError::Unsupported`] naming it and the supported list, as llama.cpp throws
+//!     "unknown pre-tokenizer type" (recent versions; older ones fell back to `default`, which
+//!     silently tokenizes a family wrong);
+//!   - model: BPE with `tokenizer.ggml.merges` (each split at its first space after the first
+//!     byte, as llama.cpp's `load` does), no unknown token, no byte fallback, `ignore_merges`
+//!     for the types where llama.cpp sets it (Llama 3);
+//!   - decoder: `ByteLevel`; post-processor: BOS / EOS by `add_bos_token` / `add_eos_token`,
+//!     whose defaults when the file lacks them are llama.cpp's per-type ones (true / false for
+//!     `llama-bpe`, false / false for `default`, `qwen2`, `gpt-2`, `deepseek-llm`);
+//!   - added tokens: as for `llama` below: control (3) and unknown (2) pieces and the BOS / EOS
+//!     pieces special, user-defined (4) non-special.
 //!
 //! Any other kind is [`EngineError::Unsupported`].
+//!
+//! Special tokens in the text: [`ModelTokenizer::encode`] with `parse_special = true` turns the
+//! spelling of an added token into that token; with `false` (llama.cpp's
+//! `llama_tokenize(.., parse_special = false)`, `tokenizer_st_partition`) control and unknown
+//! tokens are plain text, while user-defined tokens still match (llama.cpp partitions them
+//! always), which is Hugging Face's `encode_special_tokens = true`.
+//!
+//! End of generation ([`ModelTokenizer::eos_token_ids`]): the EOS, EOT and EOM ids of the
+//! metadata and every token whose text is in [`EOG_TOKEN_TEXTS`], llama.cpp's list.
 //!
 //! Long pieces are fine here (no fixed-size buffers); note for consumers that some (llguidance)
 //! reject pieces longer than 1,024 bytes.
 
+mod pre;
+
 use std::collections::BTreeSet;
+use std::sync::OnceLock;
 
 use candle_core::quantized::gguf_file::{self, Value};
-use candle_core::quantized::tokenizer::TokenizerFromGguf;
 use tokenizers::decoders::byte_fallback::ByteFallback;
+use tokenizers::decoders::byte_level::ByteLevel;
 use tokenizers::decoders::fuse::Fuse;
 use tokenizers::decoders::sequence::Sequence as DecoderSequence;
 use tokenizers::decoders::strip::Strip;
 use tokenizers::decoders::DecoderWrapper;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::normalizers::{NormalizerWrapper, Prepend, Replace, Sequence as NormSequence};
+use tokenizers::pre_tokenizers::sequence::Sequence as PreSequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::processors::template::TemplateProcessing;
+use tokenizers::SplitDelimiterBehavior;
 use tokenizers::{AddedToken, Tokenizer};
 
-use crate::error::{bounded, candle_message, quote, EngineError, Result};
+use crate::error::{bounded, quote, EngineError, Result};
 use crate::gguf::describe;
 use crate::gguf::{md_array, md_bool, md_str, value_to_u64};
 
@@ -66,12 +99,44 @@ const BOS_KEY: &str = "tokenizer.ggml.bos_token_id";
 const EOS_KEY: &str = "tokenizer.ggml.eos_token_id";
 /// The llama kind's unknown-token id (llama.cpp's key).
 const UNKNOWN_KEY: &str = "tokenizer.ggml.unknown_token_id";
-/// The special ids candle's gpt2 builder reads (its own key names).
-const GPT2_READ_KEYS: [&str; 3] = [
-    "tokenizer.ggml.unk_token_id",
-    "tokenizer.ggml.pad_token_id",
-    "tokenizer.ggml.sep_token_id",
+/// The end-of-turn and end-of-message ids (llama.cpp's `LLM_KV_TOKENIZER_EOT_ID` / `EOM_ID`).
+const EOT_KEY: &str = "tokenizer.ggml.eot_token_id";
+const EOM_KEY: &str = "tokenizer.ggml.eom_token_id";
+
+/// The texts of the tokens that end a generation whatever the metadata says, copied in order
+/// from llama.cpp's `llama_vocab::impl::load` (`src/llama-vocab.cpp`, the loop that fills
+/// `special_eog_ids` "based on the token text"). llama.cpp also ends at the fill-in-the-middle
+/// pad / repo / file-separator tokens it detects; we do not (they matter to FIM prompts only).
+pub const EOG_TOKEN_TEXTS: &[&str] = &[
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<\u{ff5c}end\u{2581}of\u{2581}sentence\u{ff5c}>",
+    "[e~[",
 ];
+
+/// The `tokenizer.ggml.pre` values [`ModelTokenizer::from_gguf`] supports, as llama.cpp's
+/// `llama_vocab::impl::load` names them (aliases included).
+pub fn supported_pre_types() -> Vec<&'static str> {
+    pre::TABLE.iter().map(|(n, _)| *n).collect()
+}
 /// The most warnings one tokenizer reports; the rest are counted in one more.
 const MAX_WARNINGS: usize = 16;
 
@@ -92,24 +157,100 @@ pub enum TokenizerKind {
 #[derive(Debug, Clone)]
 pub struct ModelTokenizer {
     /// The Hugging Face tokenizer (`encode(text, add_special_tokens)`, `decode(ids, skip_special)`).
+    /// Special-token spellings in the text are parsed; see [`ModelTokenizer::encode`] for the
+    /// choice. Changing it after [`ModelTokenizer::encode`] ran with `parse_special = false` is
+    /// not seen by that path (it keeps its own copy).
     pub tokenizer: Tokenizer,
     /// The BOS id: `tokenizer.ggml.bos_token_id` (`None` when absent or "no token", -1, see
     /// [`ModelTokenizer::from_gguf`]); for Hugging Face folders `bos_token_id` of config.json,
     /// else `bos_token` of tokenizer_config.json.
     pub bos_token_id: Option<u32>,
-    /// The ids that end generation: `tokenizer.ggml.eos_token_id` (none when absent or "no
-    /// token"); for Hugging Face folders generation_config.json's `eos_token_id` (a number or
-    /// a list), else config.json's, else tokenizer_config.json's `eos_token`.
+    /// The BOS token's text (for chat templates), `None` without a BOS id.
+    pub bos_token: Option<String>,
+    /// Whether encoding with special tokens adds BOS: GGUF `tokenizer.ggml.add_bos_token`, else
+    /// llama.cpp's default for the kind and pre-tokenizer type (`llama_vocab::impl::load`);
+    /// for Hugging Face folders, whether tokenizer.json's post-processor (as transformers would
+    /// set it up) puts BOS first. Always false without a BOS id.
+    pub add_bos_token: bool,
+    /// The ids that end a completion, sorted ascending, without duplicates. GGUF:
+    /// `tokenizer.ggml.eos_token_id` ∪ `.eot_token_id` ∪ `.eom_token_id` ∪ every token whose
+    /// text is in [`EOG_TOKEN_TEXTS`] (llama.cpp's `special_eog_ids`). Hugging Face folders:
+    /// generation_config.json's `eos_token_id` (a number or a list) ∪ config.json's ∪
+    /// tokenizer_config.json's `eos_token` ∪ the same text list.
     pub eos_token_ids: Vec<u32>,
+    /// The EOS token's text (GGUF `eos_token_id`; Hugging Face tokenizer_config.json's
+    /// `eos_token`, else the first of generation_config / config ids), for chat templates.
+    pub eos_token: Option<String>,
     /// The tokenizer kind (`tokenizer.ggml.model`).
     pub kind: TokenizerKind,
     /// What was wrong in the metadata but ignored, one message each (at most 17): special ids
-    /// other than BOS / EOS outside the vocabulary, as llama.cpp ignores them. For the caller to
-    /// show; [`crate::load_gguf`] passes them on in [`crate::LoadedModel::warnings`].
+    /// other than BOS / EOS outside the vocabulary, as llama.cpp ignores them; a missing
+    /// `tokenizer.ggml.pre`. For the caller to show; [`crate::load_gguf`] passes them on in
+    /// [`crate::LoadedModel::warnings`].
     pub warnings: Vec<String>,
+    /// `tokenizer` with `encode_special_tokens = true`, made on first use.
+    pub(crate) plain: OnceLock<Tokenizer>,
 }
 
 impl ModelTokenizer {
+    /// Encodes `text` to ids.
+    ///
+    /// - `add_special_tokens`: add BOS (when [`ModelTokenizer::add_bos_token`]) and EOS (GGUF
+    ///   `add_eos_token`) around the text, as llama.cpp's `llama_tokenize(.., add_special)`.
+    /// - `parse_special`: whether the spelling of a control token in `text` (`"<|im_end|>"`,
+    ///   `"<s>"`) is that token (true) or plain text (false), as llama.cpp's `parse_special`
+    ///   (`tokenizer_st_partition`); user-defined added tokens match either way, as there.
+    ///   False is Hugging Face's `Tokenizer::set_encode_special_tokens(true)`.
+    ///
+    /// # Errors
+    /// [`EngineError::Tokenizer`] when the tokenizers crate fails (it does not on valid UTF-8
+    /// with the tokenizers built here).
+    pub fn encode(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+        parse_special: bool,
+    ) -> Result<Vec<u32>> {
+        let tokenizer = if parse_special {
+            &self.tokenizer
+        } else {
+            self.plain.get_or_init(|| {
+                let mut t = self.tokenizer.clone();
+                t.set_encode_special_tokens(true);
+                t
+            })
+        };
+        tokenizer
+            .encode(text, add_special_tokens)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| tok_err(format!("encoding {} bytes of text: {e}", text.len())))
+    }
+
+    /// Decodes `ids` to text with the tokenizer's decoder, dropping special (control) tokens
+    /// when `skip_special_tokens` is true. No clean-up of spaces is done (llama.cpp's
+    /// `clean_spaces` / transformers' `clean_up_tokenization_spaces` are not applied), so
+    /// `decode(encode(s)) == s` except for the SentencePiece dummy-prefix rule (see the module
+    /// docs).
+    ///
+    /// # Errors
+    /// [`EngineError::Tokenizer`] naming the first id that is not in the vocabulary and its
+    /// position.
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
+        if let Some((i, &bad)) = ids
+            .iter()
+            .enumerate()
+            .find(|(_, &id)| self.tokenizer.id_to_token(id).is_none())
+        {
+            return Err(tok_err(format!(
+                "id {bad} at position {i} is not in the vocabulary of {} ids",
+                self.tokenizer.get_vocab_size(true)
+            )));
+        }
+        self.tokenizer
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| tok_err(format!("decoding {} ids: {e}", ids.len())))
+    }
+
     /// Builds the tokenizer described by `content`'s `tokenizer.ggml.*` metadata (see the module
     /// docs for what each kind becomes).
     ///
@@ -117,8 +258,9 @@ impl ModelTokenizer {
     /// per token, default 0), `.token_type` (one integer per token, default 1 = normal),
     /// `.bos_token_id`, `.eos_token_id`, `.unknown_token_id` (llama: default the piece `<unk>`
     /// if present), `.add_bos_token` (llama: default true), `.add_eos_token` (default false),
-    /// `.add_space_prefix` (llama: default true); gpt2 also `.merges`, `.pre`, `.byte_fallback`,
-    /// `.ignore_merges` and candle's `.unk_token_id`, `.pad_token_id`, `.sep_token_id`.
+    /// `.add_space_prefix` (llama: default true), `.eot_token_id`, `.eom_token_id`; gpt2 also
+    /// `.merges` (required) and `.pre` (the pre-tokenizer type, see the module docs), whose
+    /// `add_bos_token` default is llama.cpp's for the type.
     ///
     /// Special token ids (every `tokenizer.ggml.*_token_id` key) are integers of any GGUF
     /// integer type. -1 in a signed type, or the largest value of an unsigned type (the bits of
@@ -127,16 +269,17 @@ impl ModelTokenizer {
     /// - for `bos_token_id` and `eos_token_id` is an error: the file is corrupt (a generation
     ///   loop needs them right; we do not run such a file);
     /// - for every other key (`unknown_token_id`, `padding_token_id`, `seperator_token_id` (sic,
-    ///   llama.cpp's spelling), `separator_token_id`, candle's `unk` / `pad` / `sep`, `cls`,
+    ///   llama.cpp's spelling), `separator_token_id`, `unk` / `pad` / `sep`, `cls`,
     ///   `mask`, ...) is one warning in [`ModelTokenizer::warnings`] naming the key and the value,
     ///   and the id is ignored (the unknown token then defaults to the piece `<unk>`), as
     ///   llama.cpp's `llama_vocab::impl::load` (`src/llama-vocab.cpp`) does: "bad special token:
     ///   ... using default id". So files llama.cpp runs still load.
     ///
     /// A special id that is not an integer is an error for the keys this tokenizer reads
-    /// (BOS, EOS, llama's `unknown_token_id`, gpt2's candle keys) and a warning for the others.
+    /// (BOS, EOS, llama's `unknown_token_id`) and a warning for the others.
     ///
-    /// Errors: [`EngineError::Unsupported`] for a kind other than `llama` / `gpt2`;
+    /// Errors: [`EngineError::Unsupported`] for a kind other than `llama` / `gpt2`, or a
+    /// `tokenizer.ggml.pre` not in [`supported_pre_types`] (naming it and the list);
     /// [`EngineError::Tokenizer`] naming the key and describing the value for missing or
     /// malformed metadata (array lengths that differ from the token count, wrong types), a BOS or
     /// EOS id outside the vocabulary, or a BOS/EOS piece that a `TemplateProcessing` cannot name
@@ -515,13 +658,51 @@ fn llama_tokenizer(content: &gguf_file::Content) -> Result<ModelTokenizer> {
         .add_tokens(added)
         .map_err(|e| tok_err(format!("adding special tokens: {e}")))?;
 
+    let eos_token_ids = gguf_eog_ids(content, &tokens, eos)?;
     Ok(ModelTokenizer {
         tokenizer,
         bos_token_id: bos,
-        eos_token_ids: eos.into_iter().collect(),
+        bos_token: bos.map(|id| tokens[id as usize].clone()),
+        add_bos_token: add_bos && bos.is_some(),
+        eos_token_ids,
+        eos_token: eos.map(|id| tokens[id as usize].clone()),
         kind: TokenizerKind::Llama,
         warnings,
+        plain: OnceLock::new(),
     })
+}
+
+/// The GGUF end-of-generation ids: `eos` ∪ the EOT / EOM ids (ignored when absent or outside
+/// the vocabulary, as llama.cpp ignores bad special ids) ∪ the tokens of [`EOG_TOKEN_TEXTS`],
+/// sorted.
+fn gguf_eog_ids(
+    content: &gguf_file::Content,
+    tokens: &[String],
+    eos: Option<u32>,
+) -> Result<Vec<u32>> {
+    let mut ids: BTreeSet<u32> = eos.into_iter().collect();
+    for key in [EOT_KEY, EOM_KEY] {
+        if let Ok(SpecialId::Id(id)) = special_id(content, key, tokens.len()) {
+            ids.insert(id);
+        }
+    }
+    ids.extend(
+        tokens
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| EOG_TOKEN_TEXTS.contains(&t.as_str()))
+            .map(|(i, _)| i as u32),
+    );
+    Ok(ids.into_iter().collect())
+}
+
+/// The ids of [`EOG_TOKEN_TEXTS`] in a tokenizer (added tokens included), for Hugging Face
+/// folders.
+pub(crate) fn eog_ids_by_text(tokenizer: &Tokenizer) -> Vec<u32> {
+    EOG_TOKEN_TEXTS
+        .iter()
+        .filter_map(|t| tokenizer.token_to_id(t))
+        .collect()
 }
 
 /// Hugging Face `LlamaTokenizerFast.update_post_processor`'s template: single
@@ -580,55 +761,141 @@ pub(crate) fn bos_eos_template(
     Ok(Some(template))
 }
 
-/// The `tokenizer.ggml.model = "gpt2"` tokenizer, built by candle. The metadata candle reads is
-/// checked first, so that its errors (which print whole values) do not happen; any that still
-/// does is [`bounded`].
+/// The `tokenizer.ggml.model = "gpt2"` tokenizer: byte-level BPE (module docs).
 fn gpt2_tokenizer(content: &gguf_file::Content) -> Result<ModelTokenizer> {
-    let n = token_strings(content)?.len();
+    let tokens = token_strings(content)?;
+    let n = tokens.len();
     let bos = strict_special_id(content, BOS_KEY, n)?;
     let eos = strict_special_id(content, EOS_KEY, n)?;
     let mut warnings = Vec::new();
-    check_special_ids(content, n, &GPT2_READ_KEYS, &mut warnings)?;
+    check_special_ids(content, n, &[], &mut warnings)?;
+    let types = per_token(content, "tokenizer.ggml.token_type", n, value_to_u64)?
+        .unwrap_or_else(|| vec![1; n]);
+
+    let pre_key = "tokenizer.ggml.pre";
+    let pre_type = match md_str(content, pre_key).map_err(tok_err)? {
+        None => {
+            warnings.push(
+                "missing pre-tokenizer type `tokenizer.ggml.pre`, using `default` as llama.cpp \
+                 does; generation quality may be degraded"
+                    .to_string(),
+            );
+            pre::MISSING
+        }
+        Some(value) => pre::lookup(value).ok_or_else(|| {
+            EngineError::Unsupported(bounded(format!(
+                "pre-tokenizer type {} (tokenizer.ggml.pre); supported: {}",
+                quote(value.as_bytes()),
+                pre::supported()
+            )))
+        })?,
+    };
+
     let key = "tokenizer.ggml.merges";
-    let merges = md_array(content, key)
+    let values = md_array(content, key)
         .map_err(tok_err)?
         .ok_or_else(|| tok_err(format!("missing metadata key `{key}`")))?;
-    for (i, merge) in merges.iter().enumerate() {
-        if !matches!(merge, Value::String(m) if m.contains(' ')) {
+    let mut merges = Vec::with_capacity(values.len());
+    for (i, merge) in values.iter().enumerate() {
+        // llama.cpp's `load`: split at the first space after the first byte.
+        let split = match merge {
+            Value::String(m) => m
+                .char_indices()
+                .skip(1)
+                .find(|&(_, c)| c == ' ')
+                .map(|(at, _)| (m[..at].to_string(), m[at + 1..].to_string())),
+            _ => None,
+        };
+        let Some(split) = split else {
             return Err(tok_err(format!(
                 "`{key}`[{i}] is {}, expected a string of two pieces separated by a space",
                 describe(merge)
             )));
-        }
+        };
+        merges.push(split);
     }
-    let any_integer = |v: &Value| {
-        matches!(
-            v,
-            Value::U8(_)
-                | Value::I8(_)
-                | Value::U16(_)
-                | Value::I16(_)
-                | Value::U32(_)
-                | Value::I32(_)
-                | Value::U64(_)
-                | Value::I64(_)
-        )
-        .then_some(())
+
+    let flag = |key: &str, default: bool| -> Result<bool> {
+        Ok(md_bool(content, key).map_err(tok_err)?.unwrap_or(default))
     };
-    per_token(content, "tokenizer.ggml.token_type", n, any_integer)?;
-    for key in [
-        "tokenizer.ggml.byte_fallback",
-        "tokenizer.ggml.ignore_merges",
-    ] {
-        md_bool(content, key).map_err(tok_err)?;
+    let add_bos = flag("tokenizer.ggml.add_bos_token", pre_type.add_bos)?;
+    let add_eos = flag("tokenizer.ggml.add_eos_token", false)?;
+
+    let vocab: Vocab = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), i as u32))
+        .collect();
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .ignore_merges(pre_type.ignore_merges)
+        .build()
+        .map_err(|e| tok_err(format!("building the BPE model: {e}")))?;
+    let mut tokenizer = Tokenizer::new(bpe);
+
+    let mut pre_tokenizers: Vec<PreTokenizerWrapper> = Vec::new();
+    for regex in pre_type.regexes {
+        let split = Split::new(
+            SplitPattern::Regex((*regex).to_string()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map_err(|e| {
+            tok_err(format!(
+                "pre-tokenizer type `{}`: regular expression {}: {e}",
+                pre_type.name,
+                quote(regex.as_bytes())
+            ))
+        })?;
+        pre_tokenizers.push(split.into());
     }
-    let tokenizer = Tokenizer::from_gguf(content).map_err(|e| tok_err(candle_message(&e)))?;
+    pre_tokenizers.push(ByteLevel::new(false, true, false).into());
+    tokenizer.with_pre_tokenizer(Some(PreSequence::new(pre_tokenizers)));
+    tokenizer.with_decoder(Some(ByteLevel::new(false, true, false)));
+
+    if let Some(template) = bos_eos_template(
+        &|id| tokens.get(id as usize).cloned(),
+        bos,
+        eos,
+        add_bos,
+        add_eos,
+    )? {
+        tokenizer.with_post_processor(Some(template));
+    }
+
+    let specials: BTreeSet<u32> = [bos, eos].into_iter().flatten().collect();
+    let added: Vec<AddedToken> = tokens
+        .iter()
+        .zip(&types)
+        .enumerate()
+        .filter_map(|(id, (token, &ty))| {
+            if ty == TOKEN_TYPE_CONTROL
+                || ty == TOKEN_TYPE_UNKNOWN
+                || specials.contains(&(id as u32))
+            {
+                Some(AddedToken::from(token.clone(), true))
+            } else if ty == TOKEN_TYPE_USER_DEFINED {
+                Some(AddedToken::from(token.clone(), false).normalized(false))
+            } else {
+                None
+            }
+        })
+        .collect();
+    tokenizer
+        .add_tokens(added)
+        .map_err(|e| tok_err(format!("adding special tokens: {e}")))?;
+
+    let eos_token_ids = gguf_eog_ids(content, &tokens, eos)?;
     Ok(ModelTokenizer {
         tokenizer,
         bos_token_id: bos,
-        eos_token_ids: eos.into_iter().collect(),
+        bos_token: bos.map(|id| tokens[id as usize].clone()),
+        add_bos_token: add_bos && bos.is_some(),
+        eos_token_ids,
+        eos_token: eos.map(|id| tokens[id as usize].clone()),
         kind: TokenizerKind::Gpt2,
         warnings,
+        plain: OnceLock::new(),
     })
 }
 

@@ -281,6 +281,44 @@ pub fn load_gguf_from<R: Read + Seek>(
     load_content(content, reader, path, device)
 }
 
+/// The tokenizer of a parsed GGUF description, errors naming `path`.
+fn tokenizer_of(content: &gguf_file::Content, path: &Path) -> Result<ModelTokenizer> {
+    ModelTokenizer::from_gguf(content).map_err(|e| match e {
+        EngineError::Tokenizer(message) => invalid(path, format!("tokenizer: {message}")),
+        // The tokenizer does not know the file: name it, as the model's messages do.
+        EngineError::Unsupported(message) => {
+            EngineError::Unsupported(format!("{}: {message}", crate::error::shown_path(path)))
+        }
+        other => other,
+    })
+}
+
+/// The tokenizer of the GGUF file `path` from its metadata alone (a vocab-only file, without
+/// tensors, is fine): [`crate::gguf::read_content`] then [`ModelTokenizer::from_gguf`]; no
+/// tensor is read.
+///
+/// # Errors
+/// As [`load_gguf`]'s for the header and the tokenizer metadata.
+pub fn load_gguf_tokenizer(path: &Path) -> Result<ModelTokenizer> {
+    if let Ok(meta) = std::fs::metadata(path) {
+        if !meta.is_file() {
+            return Err(invalid(
+                path,
+                format!(
+                    "not a regular file ({})",
+                    crate::hub::file_kind(&meta.file_type())
+                ),
+            ));
+        }
+    }
+    let file = File::open(path).map_err(|source| EngineError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let content = crate::gguf::read_content(&mut BufReader::new(file), path)?;
+    tokenizer_of(&content, path)
+}
+
 /// The model and tokenizer of a parsed GGUF description, tensors read from `reader`.
 fn load_content<R: Read + Seek>(
     content: gguf_file::Content,
@@ -290,14 +328,7 @@ fn load_content<R: Read + Seek>(
 ) -> Result<LoadedModel> {
     let mut model =
         crate::loader::gguf_model::transformer_from_gguf(&content, reader, path, device)?;
-    let tokenizer = ModelTokenizer::from_gguf(&content).map_err(|e| match e {
-        EngineError::Tokenizer(message) => invalid(path, format!("tokenizer: {message}")),
-        // The tokenizer does not know the file: name it, as the model's messages do.
-        EngineError::Unsupported(message) => {
-            EngineError::Unsupported(format!("{}: {message}", crate::error::shown_path(path)))
-        }
-        other => other,
-    })?;
+    let tokenizer = tokenizer_of(&content, path)?;
     let n_tokens = tokenizer.tokenizer.get_vocab_size(false);
     let vocab_size = model.config().vocab_size;
     if n_tokens > vocab_size {

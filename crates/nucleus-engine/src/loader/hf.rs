@@ -67,7 +67,7 @@ use crate::loader::LoadedModel;
 use crate::models::rope::yarn_mscale;
 use crate::models::transformer::{FeedForward, LayerWeights, Linear, Mlp, ModelConfig, Weights};
 use crate::models::{MoeConfig, RopeConfig, RopeLayout, RopeScaling, SparseMoe, Transformer};
-use crate::tokenizer::{bos_eos_template, ModelTokenizer, TokenizerKind};
+use crate::tokenizer::{bos_eos_template, eog_ids_by_text, ModelTokenizer, TokenizerKind};
 
 /// The `model_type`s [`load_hf_folder`] runs.
 pub const SUPPORTED_MODEL_TYPES: [&str; 5] = ["llama", "qwen2", "qwen3", "qwen3_moe", "minimind"];
@@ -195,7 +195,12 @@ pub fn load_hf_folder(dir: &Path, device: &Device) -> Result<LoadedModel> {
         )));
     }
 
-    let tokenizer = read_tokenizer(dir, &cfg, &model_config)?;
+    let tokenizer = read_tokenizer(
+        &dir.join("tokenizer.json"),
+        dir,
+        &cfg,
+        Some(model_config.vocab_size),
+    )?;
     model_config.bos_token_id = tokenizer.bos_token_id;
     model_config.eos_token_ids = tokenizer.eos_token_ids.clone();
     let model = Transformer::new(model_config, weights, device)?;
@@ -220,8 +225,36 @@ pub fn load_hf_tokenizer(dir: &Path) -> Result<(ModelTokenizer, usize)> {
         value: &config,
     };
     let model_config = model_config(&cfg)?;
-    let tokenizer = read_tokenizer(dir, &cfg, &model_config)?;
+    let tokenizer = read_tokenizer(
+        &dir.join("tokenizer.json"),
+        dir,
+        &cfg,
+        Some(model_config.vocab_size),
+    )?;
     Ok((tokenizer, model_config.vocab_size))
+}
+
+/// The tokenizer of the `tokenizer.json` file `path`, with the special ids and post-processor
+/// of the files beside it when present: tokenizer_config.json, generation_config.json and
+/// config.json (whose `vocab_size`, when there, bounds the ids as in [`load_hf_tokenizer`]).
+///
+/// # Errors
+/// [`EngineError::InvalidModel`] naming the file that is missing, unreadable or malformed
+/// (as [`load_hf_tokenizer`]'s).
+pub fn load_tokenizer_json(path: &Path) -> Result<ModelTokenizer> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let config_path = dir.join("config.json");
+    let config = read_optional_json(&config_path, "the model's configuration")?;
+    let null = Value::Null;
+    let cfg = Json {
+        path: &config_path,
+        value: config.as_ref().unwrap_or(&null),
+    };
+    let vocab_size = cfg.opt_usize("vocab_size")?;
+    read_tokenizer(path, dir, &cfg, vocab_size)
 }
 
 /// `message` without a leading `PATH: ` (candle prefixes its I/O and parse errors with the
@@ -1465,9 +1498,13 @@ fn id_list(json: &Json<'_>, key: &str) -> Result<Option<Vec<u32>>> {
 }
 
 /// tokenizer.json with the post-processor transformers would use, and the special ids.
-fn read_tokenizer(dir: &Path, cfg: &Json<'_>, model: &ModelConfig) -> Result<ModelTokenizer> {
-    let path = dir.join("tokenizer.json");
-    let meta = std::fs::metadata(&path).map_err(|_| {
+fn read_tokenizer(
+    path: &Path,
+    dir: &Path,
+    cfg: &Json<'_>,
+    vocab_size: Option<usize>,
+) -> Result<ModelTokenizer> {
+    let meta = std::fs::metadata(path).map_err(|_| {
         invalid(
             &path,
             "missing: a Hugging Face model folder needs its tokenizer here (nucleus reads \
@@ -1492,23 +1529,26 @@ fn read_tokenizer(dir: &Path, cfg: &Json<'_>, model: &ModelConfig) -> Result<Mod
             ),
         ));
     }
-    let mut tokenizer = Tokenizer::from_file(&path).map_err(|e| {
+    let mut tokenizer = Tokenizer::from_file(path).map_err(|e| {
         invalid(
-            &path,
+            path,
             format!("not a tokenizer the tokenizers crate reads: {e}"),
         )
     })?;
     let n_ids = tokenizer.get_vocab_size(true);
-    if n_ids > model.vocab_size {
-        return Err(invalid(
-            &path,
-            format!(
-                "the tokenizer has {n_ids} ids but the embedding (model.embed_tokens.weight) has \
-                 {} rows",
-                model.vocab_size
-            ),
-        ));
-    }
+    let vocab_size = match vocab_size {
+        Some(v) if n_ids > v => {
+            return Err(invalid(
+                path,
+                format!(
+                    "the tokenizer has {n_ids} ids but the embedding (model.embed_tokens.weight) \
+                     has {v} rows"
+                ),
+            ))
+        }
+        Some(v) => v,
+        None => n_ids,
+    };
 
     let tc_path = dir.join("tokenizer_config.json");
     let tc_value = read_optional_json(&tc_path, "the tokenizer configuration")?;
@@ -1546,29 +1586,36 @@ fn read_tokenizer(dir: &Path, cfg: &Json<'_>, model: &ModelConfig) -> Result<Mod
         path: &gc_path,
         value: gc_value.as_ref().unwrap_or(&null),
     };
-    let (eos, eos_from) = match (id_list(&gc, "eos_token_id")?, id_list(cfg, "eos_token_id")?) {
-        (Some(ids), _) => (ids, gc_path.as_path()),
-        (None, Some(ids)) => (ids, cfg.path),
-        (None, None) => (
-            token_id(&tc, "eos_token")?.into_iter().collect(),
-            tc_path.as_path(),
-        ),
-    };
-    for (what, id, from) in bos
-        .iter()
-        .map(|&id| ("bos_token_id", id, cfg.path))
-        .chain(eos.iter().map(|&id| ("eos_token_id", id, eos_from)))
-    {
-        if id as usize >= model.vocab_size {
+    // The end-of-generation set: every source, then llama.cpp's text list (see
+    // ModelTokenizer::eos_token_ids).
+    let mut eos_sources: Vec<(u32, &Path)> = Vec::new();
+    for (json, from) in [(&gc, gc_path.as_path()), (cfg, cfg.path)] {
+        for id in id_list(json, "eos_token_id")?.unwrap_or_default() {
+            eos_sources.push((id, from));
+        }
+    }
+    let tc_eos = token_id(&tc, "eos_token")?;
+    let eos_first = tc_eos.or(eos_sources.first().map(|&(id, _)| id));
+    eos_sources.extend(tc_eos.map(|id| (id, tc_path.as_path())));
+    for (what, id, from) in bos.iter().map(|&id| ("bos_token_id", id, cfg.path)).chain(
+        eos_sources
+            .iter()
+            .map(|&(id, from)| ("eos_token_id", id, from)),
+    ) {
+        if id as usize >= vocab_size {
             return Err(invalid(
                 from,
-                format!(
-                    "{what} {id} is outside the vocabulary of {} ids",
-                    model.vocab_size
-                ),
+                format!("{what} {id} is outside the vocabulary of {vocab_size} ids"),
             ));
         }
     }
+    let eos: Vec<u32> = eos_sources
+        .iter()
+        .map(|&(id, _)| id)
+        .chain(eog_ids_by_text(&tokenizer))
+        .collect::<std::collections::BTreeSet<u32>>()
+        .into_iter()
+        .collect();
 
     let class = tc.opt_str("tokenizer_class")?.unwrap_or("");
     if matches!(class, "LlamaTokenizer" | "LlamaTokenizerFast") {
@@ -1576,7 +1623,7 @@ fn read_tokenizer(dir: &Path, cfg: &Json<'_>, model: &ModelConfig) -> Result<Mod
         let add_eos = tc.opt_bool("add_eos_token")?.unwrap_or(false);
         // The tokenizer's own special tokens, as LlamaTokenizerFast's template uses them.
         let bos_one = token_id(&tc, "bos_token")?.or(bos);
-        let eos_one = token_id(&tc, "eos_token")?.or(eos.first().copied());
+        let eos_one = eos_first;
         let template = bos_eos_template(
             &|id| tokenizer.id_to_token(id),
             bos_one,
@@ -1587,11 +1634,20 @@ fn read_tokenizer(dir: &Path, cfg: &Json<'_>, model: &ModelConfig) -> Result<Mod
         .map_err(|e| invalid(&tc_path, e.to_string()))?;
         tokenizer.with_post_processor(template);
     }
+    let add_bos_token = bos.is_some_and(|b| {
+        tokenizer
+            .encode("", true)
+            .is_ok_and(|e| e.get_ids().first() == Some(&b))
+    });
     Ok(ModelTokenizer {
+        bos_token: bos.and_then(|id| tokenizer.id_to_token(id)),
+        eos_token: eos_first.and_then(|id| tokenizer.id_to_token(id)),
         tokenizer,
         bos_token_id: bos,
+        add_bos_token,
         eos_token_ids: eos,
         kind: TokenizerKind::HuggingFace,
         warnings: Vec::new(),
+        plain: std::sync::OnceLock::new(),
     })
 }

@@ -21,8 +21,8 @@ use crate::error::{EngineError, Result};
 use crate::models::CausalLm;
 use crate::tokenizer::ModelTokenizer;
 
-pub use gguf::{load_gguf, load_gguf_from};
-pub use hf::{load_hf_folder, load_hf_tokenizer, SUPPORTED_MODEL_TYPES};
+pub use gguf::{load_gguf, load_gguf_from, load_gguf_tokenizer};
+pub use hf::{load_hf_folder, load_hf_tokenizer, load_tokenizer_json, SUPPORTED_MODEL_TYPES};
 
 /// A model, its tokenizer and the warnings of its loading, from [`load_model`],
 /// [`load_gguf`] or [`load_hf_folder`].
@@ -53,5 +53,30 @@ pub fn load_model(path: &Path, device: &Device) -> Result<LoadedModel> {
         load_hf_folder(path, device)
     } else {
         load_gguf(path, device)
+    }
+}
+
+/// Loads the tokenizer alone from `path`, without weights: a directory is a Hugging Face model
+/// folder ([`load_hf_tokenizer`]), a file whose name ends in `.json` a `tokenizer.json`
+/// ([`load_tokenizer_json`], with the configuration files beside it), any other file a GGUF
+/// file whose metadata is read ([`load_gguf_tokenizer`]; vocab-only files without tensors load).
+///
+/// # Errors
+/// [`EngineError::Io`] naming `path` when it cannot be inspected; otherwise as the loader's,
+/// each naming the file.
+pub fn load_tokenizer(path: &Path) -> Result<ModelTokenizer> {
+    let meta = std::fs::metadata(path).map_err(|source| EngineError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    if meta.is_dir() {
+        Ok(load_hf_tokenizer(path)?.0)
+    } else if path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("json"))
+    {
+        load_tokenizer_json(path)
+    } else {
+        load_gguf_tokenizer(path)
     }
 }
