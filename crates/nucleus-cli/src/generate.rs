@@ -56,7 +56,7 @@ pub enum LogprobsMode {
 
 /// The flags of `nucleus generate`.
 #[derive(Args, Debug)]
-#[command(group(ArgGroup::new("input").required(true).args(["prompt", "prompt_file"])))]
+#[command(group(ArgGroup::new("input").required(true).args(["prompt", "prompt_file", "messages"])))]
 pub struct GenerateArgs {
     /// A prompt (repeat the flag for several requests that run together; `-` reads stdin
     /// whole). "" is BOS alone (an error for a tokenizer that adds no BOS, as Qwen's). With
@@ -70,6 +70,26 @@ pub struct GenerateArgs {
     /// With --prompt-file: the whole file is one prompt.
     #[arg(long)]
     pub whole_file: bool,
+    /// Chat: each prompt is one user message, rendered with the model's chat template (or
+    /// --chat-template) and a generation prompt.
+    #[arg(long)]
+    pub chat: bool,
+    /// With --chat: a system message before each user message.
+    #[arg(long, value_name = "TEXT", allow_hyphen_values = true)]
+    pub system: Option<String>,
+    /// One whole conversation instead of --prompt: a JSON list of OpenAI-format messages (or
+    /// an object with `messages` and `tools`); list-of-parts content is joined as vLLM does.
+    /// Implies --chat.
+    #[arg(long, value_name = "FILE.json")]
+    pub messages: Option<PathBuf>,
+    /// With --chat: a Jinja template file (or a JSON file with `chat_template`) instead of the
+    /// model's.
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<PathBuf>,
+    /// With --chat: variables the template reads, as a JSON object (Qwen3's
+    /// `{"enable_thinking": false}`, MiniMind's `{"open_thinking": true}`).
+    #[arg(long, value_name = "JSON")]
+    pub chat_template_kwargs: Option<String>,
     /// The model: a GGUF file (arch llama, qwen2, qwen3, qwen3moe), a Hugging Face model
     /// folder (model_type llama, qwen2, qwen3, qwen3_moe, minimind), a hub id (`OWNER/NAME`,
     /// `OWNER/NAME@REVISION`), or a GGUF in a hub repository (`REPO:FILE.gguf`,
@@ -347,6 +367,30 @@ fn check_flags(args: &GenerateArgs) -> Result<()> {
     if args.whole_file && args.prompt_file.is_none() {
         return usage("--whole-file has no effect without --prompt-file".into());
     }
+    let chat = args.chat || args.messages.is_some();
+    if !chat {
+        for (set, flag) in [
+            (args.system.is_some(), "--system"),
+            (args.chat_template.is_some(), "--chat-template"),
+            (
+                args.chat_template_kwargs.is_some(),
+                "--chat-template-kwargs",
+            ),
+        ] {
+            if set {
+                return usage(format!(
+                    "{flag} has no effect without --chat (or --messages)"
+                ));
+            }
+        }
+    }
+    if args.system.is_some() && args.messages.is_some() {
+        return usage(
+            "--system has no effect with --messages: put the system message in the \
+             conversation"
+                .into(),
+        );
+    }
     if args.max_tokens == Some(0) {
         return usage("--max-tokens must be at least 1".into());
     }
@@ -443,7 +487,9 @@ fn read_prompts(args: &GenerateArgs) -> Result<Vec<String>> {
 
 /// How errors name request `index`: by the flag it came from, and its index.
 fn request_label(args: &GenerateArgs, index: usize) -> String {
-    if args.prompt_file.is_some() && !args.whole_file {
+    if args.messages.is_some() {
+        "--messages (request 0)".to_string()
+    } else if args.prompt_file.is_some() && !args.whole_file {
         format!("--prompt-file line {} (request {index})", index + 1)
     } else if args.prompt_file.is_some() {
         format!("--prompt-file (request {index})")
@@ -608,7 +654,12 @@ pub fn run(args: GenerateArgs) -> Result<ExitCode> {
         max_whitespace: max_whitespace.0,
     };
     let generation_config = GenerationConfigSource::parse(&args.generation_config);
-    let prompts = read_prompts(&args)?;
+    let chat = crate::chat::ChatInput::from_args(&args)?;
+    let prompts = if args.messages.is_some() {
+        Vec::new()
+    } else {
+        read_prompts(&args)?
+    };
 
     let path = crate::model::resolve(args.model.as_deref())?;
     let loaded = load_model(&path, &candle_device())?;
@@ -637,10 +688,13 @@ pub fn run(args: GenerateArgs) -> Result<ExitCode> {
     let mut engine = Engine::new(loaded.model, loaded.tokenizer, EngineConfig::default());
 
     // (shown prompt text, engine prompt) per request.
-    let requests: Vec<(String, Prompt)> = prompts
-        .iter()
-        .map(|p| (p.clone(), Prompt::Text(p.clone())))
-        .collect();
+    let requests: Vec<(String, Prompt)> = match &chat {
+        Some(chat) => chat.prompts(&path, &tokenizer, &prompts)?,
+        None => prompts
+            .iter()
+            .map(|p| (p.clone(), Prompt::Text(p.clone())))
+            .collect(),
+    };
 
     let streaming = requests.len() == 1 && args.n == 1 && args.format == Format::Text;
     let mut ids = Vec::new();

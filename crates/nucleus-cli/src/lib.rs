@@ -7,6 +7,9 @@
 //!   safetensors tensor, one JSON answer per row.
 //! - [`generate`](mod@generate): `nucleus generate`, text from a model: the flags of the whole
 //!   sampling contract, generation_config.json defaults, text or JSON output in order.
+//! - [`chat`](mod@chat): chat mode of `generate` and `nucleus chat-template`: conversations
+//!   rendered with the model's chat template.
+//! - [`tokenize`](mod@tokenize): `nucleus tokenize` and `nucleus detokenize`.
 //! - [`model`](mod@model): `--model`, a path, a hub id or a GGUF in a hub repository.
 //! - [`grammar`](mod@grammar): `nucleus grammar validate`, checking a text against a JSON
 //!   Schema, a regular expression or a Lark grammar.
@@ -32,6 +35,7 @@
 pub mod answer;
 pub mod bench;
 pub mod calls;
+pub mod chat;
 pub mod fuzz;
 pub mod generate;
 pub mod grammar;
@@ -43,4 +47,5 @@ pub mod npu_sample;
 pub mod report;
 pub mod sample;
 pub mod threads;
+pub mod tokenize;
 pub mod usage;

@@ -29,6 +29,12 @@ enum Command {
     /// Generate text with a model (GGUF file or Hugging Face folder), every token chosen by
     /// nucleus-sampling.
     Generate(Box<nucleus_cli::generate::GenerateArgs>),
+    /// Print the token ids of a text as a model's tokenizer encodes it (a JSON list).
+    Tokenize(nucleus_cli::tokenize::TokenizeArgs),
+    /// Print the text of token ids (a JSON list) as a model's tokenizer decodes them.
+    Detokenize(nucleus_cli::tokenize::DetokenizeArgs),
+    /// Print a conversation rendered with a model's chat template, for checking.
+    ChatTemplate(nucleus_cli::chat::ChatTemplateArgs),
     /// Sample real logits: JSON lines in (a file or stdin), one JSON answer per row out.
     Sample(SampleArgs),
     /// Ascend's fused top-k -> top-p -> exponential sampling (npu_top_k_top_p_sample): one
@@ -116,6 +122,7 @@ fn main() -> ExitCode {
     let explicit = match &cli.command {
         Command::Generate(a) => a.threads.explicit(),
         Command::Sample(a) => a.threads.explicit(),
+        Command::Tokenize(_) | Command::Detokenize(_) | Command::ChatTemplate(_) => None,
         Command::TopKTopPSample(a) => a.threads.explicit(),
         Command::MoeInitRouting(a) => a.threads.explicit(),
         Command::Grammar(GrammarCommand::Validate(a)) => a.threads.explicit(),
@@ -130,6 +137,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Generate(args) => nucleus_cli::generate::run(*args),
         Command::Sample(args) => sample(args),
+        Command::Tokenize(args) => nucleus_cli::tokenize::tokenize_command(&args),
+        Command::Detokenize(args) => nucleus_cli::tokenize::detokenize_command(&args),
+        Command::ChatTemplate(args) => nucleus_cli::chat::chat_template_command(&args),
         Command::TopKTopPSample(args) => Ok(nucleus_cli::npu_sample::command(&args)),
         Command::MoeInitRouting(args) => Ok(nucleus_cli::moe_init_routing::command(&args)),
         Command::Bench(BenchCommand::Sampling(args)) => bench_sampling(args),

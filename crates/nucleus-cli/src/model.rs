@@ -1,16 +1,22 @@
 //! `--model M` of every command that reads a model: a path, a hub id, or a GGUF in a hub
-//! repository, resolved by [`nucleus_engine::hub`].
+//! repository, resolved by [`nucleus_engine::hub::resolve`] with the Hugging Face environment
+//! ([`nucleus_engine::HubEnv::from_env`]: `HF_HOME`, `HF_HUB_CACHE`, `HF_ENDPOINT`,
+//! `HF_HUB_OFFLINE`, `HF_TOKEN`).
 
 use std::path::PathBuf;
 
 use anyhow::Result;
 
-/// Resolves `--model` (None: `$NUCLEUS_MODEL`, else the default model from the hub).
+/// Resolves `--model` (None: `$NUCLEUS_MODEL`, else the default model from the hub); a
+/// download shows its progress on stderr unless `--quiet`.
 ///
 /// # Errors
 /// [`nucleus_engine::EngineError::ModelNotFound`] when the spec names nothing that can be found.
 pub fn resolve(spec: Option<&str>) -> Result<PathBuf> {
-    Ok(nucleus_engine::hub::resolve_model(
-        spec.map(std::path::Path::new),
+    let env = nucleus_engine::HubEnv::from_env();
+    Ok(nucleus_engine::hub::resolve(
+        spec,
+        &env,
+        !crate::report::is_quiet(),
     )?)
 }

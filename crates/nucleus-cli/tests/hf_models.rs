@@ -336,3 +336,168 @@ fn generation_config_gives_the_defaults_of_flags_not_given() {
         text(&out.stderr)
     );
 }
+
+/// The first JSON completion of a successful `--format json` run.
+fn first_json(out: &Output) -> serde_json::Value {
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    serde_json::from_str(text(&out.stdout).lines().next().expect("a line")).expect("JSON")
+}
+
+#[test]
+fn chat_renders_minimind_s_template_and_ends_at_every_end_of_generation_id() {
+    let folder = qwen3_folder("chat", "qwen3");
+    let dir = folder.0.to_str().expect("utf-8 path");
+    // MiniMind's template (tokenizer_config.json): system, user, then the assistant header
+    // with an empty think block unless `open_thinking` is true.
+    let rendered = "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n\
+                    <|im_start|>assistant\n<think>\n\n</think>\n\n";
+    let base = [
+        "generate",
+        "--model",
+        dir,
+        "--chat",
+        "--system",
+        "S",
+        "--prompt",
+        "Hi",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "3",
+    ];
+    let out = nucleus(&[&base[..], &["--echo"]].concat(), &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).starts_with(rendered),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // The prompt is the rendered text tokenised without added BOS, special tokens parsed; the
+    // completion is the library's greedy continuation of exactly those ids.
+    let loaded = load_hf_folder(&folder.0, &Device::Cpu).expect("load");
+    let ids = loaded
+        .tokenizer
+        .encode(rendered, false, true)
+        .expect("encode");
+    assert_eq!(ids[0], 1, "<|im_start|> is one token");
+    let c = first_json(&nucleus(&[&base[..], &["--format", "json"]].concat(), &[]));
+    assert_eq!(c["usage"]["prompt_tokens"], ids.len());
+    let mut cache = loaded.model.new_cache();
+    let mut pending = ids.clone();
+    let mut greedy = Vec::new();
+    for _ in 0..3 {
+        let logits: Vec<f32> = loaded
+            .model
+            .forward(&mut [SeqInput {
+                tokens: &pending,
+                cache: &mut cache,
+            }])
+            .and_then(|t| Ok(t.squeeze(0)?.to_vec1()?))
+            .expect("forward");
+        let next = (0..logits.len())
+            .max_by(|&a, &b| logits[a].total_cmp(&logits[b]).then(b.cmp(&a)))
+            .expect("a row") as u64;
+        greedy.push(next);
+        pending = vec![next as u32];
+    }
+    let got: Vec<u64> = c["token_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert_eq!(got, greedy);
+
+    // --chat-template-kwargs reaches the template.
+    let out = nucleus(
+        &[
+            &base[..],
+            &[
+                "--echo",
+                "--chat-template-kwargs",
+                r#"{"open_thinking": true}"#,
+            ],
+        ]
+        .concat(),
+        &[],
+    );
+    assert!(text(&out.stdout)
+        .starts_with("<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n"));
+
+    // A --messages conversation with list-of-parts content is joined with "\n" (vLLM).
+    let messages = folder.0.join("messages.json");
+    std::fs::write(
+        &messages,
+        r#"[{"role": "user", "content": [{"type": "text", "text": "H"}, {"type": "text", "text": "i"}]}]"#,
+    )
+    .unwrap();
+    let c = first_json(&nucleus(
+        &[
+            "generate",
+            "--model",
+            dir,
+            "--messages",
+            messages.to_str().unwrap(),
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "1",
+            "--format",
+            "json",
+        ],
+        &[],
+    ));
+    let joined = "<|im_start|>user\nH\ni<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
+    assert_eq!(
+        c["usage"]["prompt_tokens"],
+        loaded.tokenizer.encode(joined, false, true).unwrap().len()
+    );
+
+    // End of generation: `<|im_end|>` (2, the EOS) and `<|endoftext|>` (0, on llama.cpp's
+    // end-of-generation list) both end the completion.
+    for id in ["0", "2"] {
+        let bias = format!("{id}=100");
+        let c = first_json(&nucleus(
+            &[&base[..], &["--format", "json", "--logit-bias", &bias]].concat(),
+            &[],
+        ));
+        assert_eq!(c["finish_reason"], "eos", "{c}");
+        assert_eq!(
+            c["token_ids"],
+            serde_json::json!([id.parse::<u32>().unwrap()])
+        );
+    }
+
+    // Chat flags without chat, and bad kwargs, are usage errors.
+    for args in [
+        &["generate", "--model", dir, "--prompt", "x", "--system", "S"][..],
+        &[
+            "generate",
+            "--model",
+            dir,
+            "--chat",
+            "--prompt",
+            "x",
+            "--chat-template-kwargs",
+            "[1]",
+        ],
+        &[
+            "generate",
+            "--model",
+            dir,
+            "--messages",
+            "m.json",
+            "--prompt",
+            "x",
+        ],
+    ] {
+        let out = nucleus(args, &[]);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+}
