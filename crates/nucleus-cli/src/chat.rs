@@ -41,7 +41,21 @@ pub fn parse_kwargs(text: Option<&str>) -> Result<Map<String, Value>> {
         return Ok(Map::new());
     };
     match serde_json::from_str::<Value>(text) {
-        Ok(Value::Object(map)) => Ok(map),
+        Ok(Value::Object(map)) => {
+            if let Some(k) = map.keys().find(|k| {
+                matches!(
+                    k.as_str(),
+                    "messages" | "tools" | "documents" | "add_generation_prompt"
+                )
+            }) {
+                return Err(UsageError::new(format!(
+                    "--chat-template-kwargs: `{k}` is set by nucleus itself (the conversation, \
+                     its tools, --no-generation-prompt), not a template variable to pass"
+                ))
+                .into());
+            }
+            Ok(map)
+        }
         Ok(other) => Err(UsageError::new(format!(
             "--chat-template-kwargs must be a JSON object, got {}",
             crate::input::shown(&other.to_string())
@@ -62,6 +76,15 @@ pub fn read_conversation(path: &Path, limit: MaxInputBytes) -> Result<(Vec<Value
     let value: Value = serde_json::from_slice(&bytes)
         .with_context(|| format!("--messages {} is not JSON", shown_path(path)))?;
     let tools = value.get("tools").filter(|t| !t.is_null()).cloned();
+    if let Some(t) = &tools {
+        if !t.is_array() {
+            anyhow::bail!(
+                "--messages {}: `tools` must be a list of tools, got {}",
+                shown_path(path),
+                crate::input::shown(&t.to_string())
+            );
+        }
+    }
     let messages =
         messages_from_openai(&value).with_context(|| format!("--messages {}", shown_path(path)))?;
     Ok((messages, tools))
@@ -80,7 +103,7 @@ impl ChatInput {
         let template = args
             .chat_template
             .as_deref()
-            .map(ChatTemplate::from_file)
+            .map(read_template)
             .transpose()?;
         let conversation = args
             .messages
@@ -131,6 +154,11 @@ impl ChatInput {
             })
             .collect()
     }
+}
+
+/// `--chat-template FILE`, its errors naming the flag.
+fn read_template(path: &Path) -> Result<ChatTemplate> {
+    ChatTemplate::from_file(path).with_context(|| format!("--chat-template {}", shown_path(path)))
 }
 
 /// The template to use: `explicit` (`--chat-template`), else the model's.
@@ -201,7 +229,7 @@ pub fn chat_template_command(args: &ChatTemplateArgs) -> Result<ExitCode> {
     let explicit = args
         .chat_template
         .as_deref()
-        .map(ChatTemplate::from_file)
+        .map(read_template)
         .transpose()?;
     let (messages, tools) = read_conversation(&args.messages, args.limit.max_input_bytes)?;
     let path = nucleus_engine::hub::resolve(Some(&args.model), &HubEnv::from_env(), true)?;

@@ -227,12 +227,38 @@ pub enum GenerationConfigSource {
 }
 
 impl GenerationConfigSource {
-    /// Parses the flag's value.
-    pub fn parse(value: &str) -> Self {
+    /// Parses the flag's value: `auto`, `vllm`, a folder, or a generation_config.json file (its
+    /// folder).
+    ///
+    /// # Errors
+    /// A [`UsageError`] for `""`, and for a path that is neither a folder nor a file named
+    /// generation_config.json.
+    pub fn parse(value: &str) -> Result<Self> {
+        let file = nucleus_engine::generation_config::GENERATION_CONFIG_FILE;
         match value {
-            "auto" => Self::Auto,
-            "vllm" => Self::Vllm,
-            dir => Self::Dir(PathBuf::from(dir)),
+            "auto" => Ok(Self::Auto),
+            "vllm" => Ok(Self::Vllm),
+            "" => Err(
+                UsageError::new("--generation-config \"\": expected auto, vllm or a folder").into(),
+            ),
+            path => {
+                let path = PathBuf::from(path);
+                if path.is_dir() {
+                    Ok(Self::Dir(path))
+                } else if path.is_file() && path.file_name().is_some_and(|n| n == file) {
+                    Ok(Self::Dir(
+                        path.parent()
+                            .map_or_else(|| PathBuf::from("."), Path::to_path_buf),
+                    ))
+                } else {
+                    Err(UsageError::new(format!(
+                        "--generation-config {}: not a folder (nor its {file}); expected auto, \
+                         vllm or a folder holding a {file}",
+                        crate::input::shown_path(&path)
+                    ))
+                    .into())
+                }
+            }
         }
     }
 
@@ -258,7 +284,10 @@ impl GenerationConfigSource {
             }
         };
         let file = dir.join(nucleus_engine::generation_config::GENERATION_CONFIG_FILE);
-        let defaults = GenerationDefaults::from_dir(&dir)?;
+        let defaults = GenerationDefaults::from_dir(&dir).map_err(|e| match self {
+            Self::Dir(_) => anyhow::Error::new(e).context("--generation-config"),
+            _ => anyhow::Error::new(e),
+        })?;
         let found = file.is_file().then_some(file);
         Ok((defaults, found))
     }
@@ -477,12 +506,46 @@ fn read_prompts(args: &GenerateArgs) -> Result<Vec<String>> {
         .iter()
         .map(|p| {
             if p == "-" {
-                utf8(read_stdin("--prompt -", limit)?, "--prompt - (stdin)")
+                utf8(read_stdin("--prompt", limit)?, "--prompt - (stdin)")
             } else {
                 Ok(p.clone())
             }
         })
         .collect()
+}
+
+/// The flags that name token ids or counts of them, checked against the model's vocabulary
+/// once it is loaded (rather than failing every completion): a [`UsageError`] naming the flag
+/// and the vocabulary size.
+fn check_vocab_ids(args: &GenerateArgs, vocab_size: usize) -> Result<()> {
+    let bad = |flag: &str, what: String| -> Result<()> {
+        Err(UsageError::new(format!(
+            "{flag} {what}: the model's vocabulary has {vocab_size} ids (0 to {})",
+            vocab_size.saturating_sub(1)
+        ))
+        .into())
+    };
+    if let Some(&(id, _)) = args
+        .logit_bias
+        .iter()
+        .find(|(id, _)| *id as usize >= vocab_size)
+    {
+        return bad("--logit-bias", format!("names token {id}"));
+    }
+    if let Some(&id) = args
+        .stop_token_id
+        .iter()
+        .find(|&&id| id as usize >= vocab_size)
+    {
+        return bad("--stop-token-id", format!("{id}"));
+    }
+    if let Some(n) = args.logprobs.filter(|&n| n > vocab_size) {
+        return bad(
+            "--logprobs",
+            format!("{n} asks for more tokens than there are"),
+        );
+    }
+    Ok(())
 }
 
 /// How errors name request `index`: by the flag it came from, and its index.
@@ -653,7 +716,7 @@ pub fn run(args: GenerateArgs) -> Result<ExitCode> {
     let grammar_options = GrammarOptions {
         max_whitespace: max_whitespace.0,
     };
-    let generation_config = GenerationConfigSource::parse(&args.generation_config);
+    let generation_config = GenerationConfigSource::parse(&args.generation_config)?;
     let chat = crate::chat::ChatInput::from_args(&args)?;
     let prompts = if args.messages.is_some() {
         Vec::new()
@@ -676,13 +739,18 @@ pub fn run(args: GenerateArgs) -> Result<ExitCode> {
         ));
     }
     if params.min_tokens > max_tokens {
+        let whose = if defaults.max_new_tokens.is_some() {
+            "the model's generation_config max_new_tokens"
+        } else {
+            "the default --max-tokens"
+        };
         return Err(UsageError::new(format!(
-            "--min-tokens {} is more than the model's default max_new_tokens {max_tokens}; \
-             pass --max-tokens",
+            "--min-tokens {} is more than {whose}, {max_tokens}; pass --max-tokens",
             params.min_tokens
         ))
         .into());
     }
+    check_vocab_ids(&args, loaded.model.config().vocab_size)?;
     let config = loaded.model.config().clone();
     let tokenizer = loaded.tokenizer.clone();
     let mut engine = Engine::new(loaded.model, loaded.tokenizer, EngineConfig::default());
@@ -828,7 +896,7 @@ pub fn run(args: GenerateArgs) -> Result<ExitCode> {
         rate(m.prefill_tokens, m.prefill_time)
     ));
     report::note(&format!(
-        "decode: {} tokens in {:.3} s ({:.1} tokens/s); {} tokens generated in all",
+        "decode: {} token(s) in {:.3} s ({:.1} tokens/s); {} token(s) generated in all",
         m.decode_tokens,
         m.decode_time.as_secs_f64(),
         rate(m.decode_tokens, m.decode_time),

@@ -12,11 +12,16 @@ use anyhow::Result;
 ///
 /// # Errors
 /// [`nucleus_engine::EngineError::ModelNotFound`] when the spec names nothing that can be found.
+/// A spec that is not an existing path (a hub id) is followed by a note naming the file or
+/// folder it resolved to (`--model o/r:Q4_K_M: /cache/.../r-Q4_K_M.gguf`).
 pub fn resolve(spec: Option<&str>) -> Result<PathBuf> {
     let env = nucleus_engine::HubEnv::from_env();
-    Ok(nucleus_engine::hub::resolve(
-        spec,
-        &env,
-        !crate::report::is_quiet(),
-    )?)
+    let path = nucleus_engine::hub::resolve(spec, &env, !crate::report::is_quiet())?;
+    if let Some(spec) = spec.filter(|s| !std::path::Path::new(s).exists()) {
+        crate::report::note(&format!(
+            "--model {spec}: {}",
+            crate::input::shown_path(&path)
+        ));
+    }
+    Ok(path)
 }

@@ -481,6 +481,22 @@ fn flags_without_effect_or_out_of_range_are_usage_errors() {
         ),
         (&["--prompt", "-", "--prompt", "-"][..], "more than once"),
         (&["--max-tokens", "2"][..], "required"),
+        (
+            &["--prompt", "x", "--logit-bias", "512=1"][..],
+            "vocabulary has 512 ids",
+        ),
+        (
+            &["--prompt", "x", "--stop-token-id", "600"][..],
+            "--stop-token-id 600",
+        ),
+        (
+            &["--prompt", "x", "--logprobs", "513"][..],
+            "--logprobs 513",
+        ),
+        (
+            &["--prompt", "x", "--generation-config", ""][..],
+            "expected auto, vllm",
+        ),
     ] {
         let out = nucleus(args, Some(""));
         let err = text(&out.stderr);

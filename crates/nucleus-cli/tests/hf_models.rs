@@ -321,8 +321,21 @@ fn generation_config_gives_the_defaults_of_flags_not_given() {
     assert_eq!(json_ids(&out)[0], taken[0][..2]);
     // A folder without the file, and a bad value, are errors.
     let out = run(&["--generation-config", "/nonexistent-nucleus-dir"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("not a folder (nor its generation_config.json)"),
+        "{}",
+        text(&out.stderr)
+    );
+    let empty = folder.0.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let out = run(&["--generation-config", empty.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("no generation_config.json there"));
+    // The file itself names its folder.
+    let file = other.join("generation_config.json");
+    let out = run(&["--generation-config", file.to_str().unwrap()]);
+    assert_eq!(json_ids(&out)[0], taken[0][..2]);
     std::fs::write(
         folder.0.join("generation_config.json"),
         r#"{"temperature": -1}"#,

@@ -230,8 +230,23 @@ impl ChatTemplate {
         let tmpl = env
             .template_from_named_str(&self.origin, &source)
             .map_err(|e| self.error(&e))?;
-        tmpl.render(Value::from_serialize(&ctx))
-            .map_err(|e| self.error(&e))
+        let mut out = CappedOutput {
+            bytes: Vec::new(),
+            over: false,
+        };
+        match tmpl.render_captured_to(Value::from_serialize(&ctx), &mut out) {
+            Ok(_) => {}
+            Err(_) if out.over => {
+                return Err(template_error(format!(
+                    "{}: the rendered text is longer than {MAX_RENDERED_BYTES} bytes",
+                    self.origin
+                )))
+            }
+            Err(e) => return Err(self.error(&e)),
+        }
+        // The output is written from `str`s only.
+        String::from_utf8(out.bytes)
+            .map_err(|e| template_error(format!("{}: rendered text: {e}", self.origin)))
     }
 
     /// The template's error for a minijinja error: origin, line, kind and detail, one line.
@@ -263,12 +278,45 @@ impl ChatTemplate {
     }
 }
 
+/// The most bytes a rendered conversation may have (64 MiB): a template that writes more (a
+/// loop without end in sight) is an error, not a prompt no model could take.
+pub const MAX_RENDERED_BYTES: usize = 64 << 20;
+
+/// The most instructions one rendering may run (minijinja's fuel): about 2 s of a loop that
+/// does nothing; real templates over long conversations need well under 10^6. A template that
+/// runs longer (nested loops over `range`) is an error naming it. Memory a template builds in
+/// its own variables (a string doubled 40 times) is not bounded: a template is code, trusted as
+/// transformers trusts it.
+pub const MAX_TEMPLATE_FUEL: u64 = 50_000_000;
+
+/// The rendered text, refusing more than [`MAX_RENDERED_BYTES`].
+struct CappedOutput {
+    bytes: Vec<u8>,
+    over: bool,
+}
+
+impl std::io::Write for CappedOutput {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if buf.len() > MAX_RENDERED_BYTES - self.bytes.len() {
+            self.over = true;
+            return Err(std::io::Error::other("the rendered text is too long"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// The prefix that marks an error raised by the template's `raise_exception`.
 const RAISED: &str = "\u{1}raise_exception\u{1}";
 
 /// The minijinja environment of transformers' `_cached_compile_jinja_template`.
 fn environment() -> Environment<'static> {
     let mut env = Environment::new();
+    env.set_fuel(Some(MAX_TEMPLATE_FUEL));
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
     env.set_keep_trailing_newline(false);
@@ -900,7 +948,7 @@ fn names_list<'a>(names: impl Iterator<Item = &'a String>) -> String {
 
 fn no_default<'a>(dir: &Path, names: impl Iterator<Item = &'a String>) -> EngineError {
     template_error(format!(
-        "{} has several chat templates and none named `default`: {}; name one",
+        "{} has chat templates named {} but none named `default`, the one nucleus uses",
         shown_path(dir),
         names_list(names)
     ))
@@ -985,7 +1033,7 @@ pub const OPENAI_ROLES: [&str; 5] = ["system", "developer", "user", "assistant",
 /// - a string: kept;
 /// - a list of parts: each an object with a `type`; the `text` of the `text` parts joined with
 ///   `"\n"` into one string (vLLM's `_parse_chat_message_content_parts`: `"\n".join(texts)`);
-///   any other part (`image_url`, `input_audio`, …) is [`EngineError::Unsupported`];
+///   any other part (`image_url`, `input_audio`, …) is [`EngineError::InvalidRequest`];
 /// - null or absent: only for `assistant` (a message with `tool_calls`), kept as given.
 ///
 /// Every other field (`name`, `tool_calls`, `tool_call_id`, `reasoning_content`, …) is kept as
@@ -1055,9 +1103,9 @@ pub fn messages_from_openai(v: &Json) -> Result<Vec<Json>> {
                             }
                         },
                         Some(other) => {
-                            return Err(EngineError::Unsupported(bounded(format!(
-                                "message {i}, content part {j}: parts of type {} (only text \
-                                 parts are supported)",
+                            return Err(EngineError::InvalidRequest(bounded(format!(
+                                "message {i}, content part {j}: parts of type {} are not \
+                                 supported (only text parts)",
                                 quote(other.as_bytes())
                             ))))
                         }

@@ -634,8 +634,8 @@ fn openai_bad_shapes_are_typed_errors_naming_the_message() {
         {"type": "text", "text": "look"},
         {"type": "image_url", "image_url": {"url": "data:..."}}
     ]}])) {
-        Err(EngineError::Unsupported(m)) => assert!(m.contains("`image_url`"), "{m}"),
-        other => panic!("expected Unsupported, got {other:?}"),
+        Err(EngineError::InvalidRequest(m)) => assert!(m.contains("`image_url`"), "{m}"),
+        other => panic!("expected InvalidRequest, got {other:?}"),
     }
 }
 
@@ -688,5 +688,28 @@ fn kwargs_bos_token_wins_over_the_field_as_in_transformers() {
     assert_eq!(
         phi3().render(&m, &opts).unwrap(),
         "<BOS><|user|>\nHi<|end|>\n<|assistant|>\n"
+    );
+}
+
+#[test]
+fn templates_that_run_or_write_without_end_are_errors() {
+    let messages = [serde_json::json!({"role": "user", "content": "x"})];
+    let opts = RenderOptions::default();
+    // 10^8 loop steps: past the fuel.
+    let nested = ChatTemplate::new(
+        "nested.jinja",
+        "{% for i in range(10000) %}{% for j in range(10000) %}{% endfor %}{% endfor %}",
+    );
+    let e = nested.render(&messages, &opts).unwrap_err().to_string();
+    assert!(e.contains("nested.jinja"), "{e}");
+    // 100 MB of output: past the 64 MiB cap, refused as it is written.
+    let long = ChatTemplate::new(
+        "long.jinja",
+        "{% for i in range(3000) %}{{ 'x' * 40000 }}{% endfor %}",
+    );
+    let e = long.render(&messages, &opts).unwrap_err().to_string();
+    assert!(
+        e.contains("long.jinja: the rendered text is longer than 67108864 bytes"),
+        "{e}"
     );
 }
