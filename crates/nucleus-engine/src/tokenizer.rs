@@ -260,7 +260,8 @@ impl ModelTokenizer {
     /// if present), `.add_bos_token` (llama: default true), `.add_eos_token` (default false),
     /// `.add_space_prefix` (llama: default true), `.eot_token_id`, `.eom_token_id`; gpt2 also
     /// `.merges` (required) and `.pre` (the pre-tokenizer type, see the module docs), whose
-    /// `add_bos_token` default is llama.cpp's for the type.
+    /// `add_bos_token` default is llama.cpp's for the type. A llama-kind file's `.pre` is
+    /// ignored, as llama.cpp ignores it for SentencePiece vocabularies.
     ///
     /// Special token ids (every `tokenizer.ggml.*_token_id` key) are integers of any GGUF
     /// integer type. -1 in a signed type, or the largest value of an unsigned type (the bits of
@@ -284,7 +285,8 @@ impl ModelTokenizer {
     /// malformed metadata (array lengths that differ from the token count, wrong types), a BOS or
     /// EOS id outside the vocabulary, or a BOS/EOS piece that a `TemplateProcessing` cannot name
     /// (one containing `:`). Messages escape text from the file and are at most
-    /// [`crate::error::MAX_MESSAGE_BYTES`] long. [`crate::load_gguf`] reports these as
+    /// [`crate::error::MAX_MESSAGE_BYTES`] long, except the unknown-pre message, whose list of
+    /// supported values (about 400 bytes) is whole. [`crate::load_gguf`] reports these as
     /// `InvalidModel` with the file's path.
     pub fn from_gguf(content: &gguf_file::Content) -> Result<Self> {
         let kind = md_str(content, "tokenizer.ggml.model")
