@@ -232,6 +232,12 @@ impl ModelTokenizer {
     /// `decode(encode(s)) == s` except for the SentencePiece dummy-prefix rule (see the module
     /// docs).
     ///
+    /// Byte-level BPE ([`TokenizerKind::Gpt2`]): an added token's text is its text, not byte-level
+    /// symbols, so added tokens are written as they are and only the runs of model tokens
+    /// between them go through the `ByteLevel` decoder, as llama.cpp's `token_to_piece` does
+    /// (`LLAMA_TOKEN_ATTR_USER_DEFINED` / `CONTROL` pieces are copied, normal ones byte-decoded).
+    /// (Hugging Face's decoder would turn DeepSeek's user-defined `ø` into `�`.)
+    ///
     /// # Errors
     /// [`EngineError::Tokenizer`] naming the first id that is not in the vocabulary and its
     /// position.
@@ -246,9 +252,29 @@ impl ModelTokenizer {
                 self.tokenizer.get_vocab_size(true)
             )));
         }
-        self.tokenizer
-            .decode(ids, skip_special_tokens)
-            .map_err(|e| tok_err(format!("decoding {} ids: {e}", ids.len())))
+        let decode = |run: &[u32]| {
+            self.tokenizer
+                .decode(run, skip_special_tokens)
+                .map_err(|e| tok_err(format!("decoding {} ids: {e}", run.len())))
+        };
+        if self.kind != TokenizerKind::Gpt2 {
+            return decode(ids);
+        }
+        let added = self.tokenizer.get_added_vocabulary();
+        let mut text = String::new();
+        let mut run_start = 0;
+        for (i, &id) in ids.iter().enumerate() {
+            let Some(token) = added.simple_id_to_token(id) else {
+                continue;
+            };
+            text.push_str(&decode(&ids[run_start..i])?);
+            run_start = i + 1;
+            if !(skip_special_tokens && added.is_special_token(&token)) {
+                text.push_str(&token);
+            }
+        }
+        text.push_str(&decode(&ids[run_start..])?);
+        Ok(text)
     }
 
     /// Builds the tokenizer described by `content`'s `tokenizer.ggml.*` metadata (see the module

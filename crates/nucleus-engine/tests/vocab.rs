@@ -159,6 +159,19 @@ fn deepseek_llm() -> Result<()> {
     // The file says add_bos_token = true.
     assert!(tok.add_bos_token);
     assert_eq!(tok.eos_token_ids, [100001]);
+    // `ø` is a user-defined token (type 4): matched in the text even with parse_special =
+    // false (llama.cpp's tokenizer_st_partition), and decoded as its text, not as byte-level
+    // symbols (llama.cpp's token_to_piece).
+    let ids = tok.encode("s\u{f8}t", false, false)?;
+    assert_eq!(texts(&tok, &ids), ["s", "\u{f8}", "t"]);
+    assert_eq!(ids[1], 100002);
+    assert_eq!(tok.decode(&ids, false)?, "s\u{f8}t");
+    assert_eq!(tok.decode(&ids, true)?, "s\u{f8}t");
+    assert_eq!(tok.decode(&[100000, 82, 100001], true)?, "s");
+    assert_eq!(
+        tok.decode(&[100000, 82, 100001], false)?,
+        "<\u{ff5c}begin\u{2581}of\u{2581}sentence\u{ff5c}>s<\u{ff5c}end\u{2581}of\u{2581}sentence\u{ff5c}>"
+    );
     Ok(())
 }
 
