@@ -384,8 +384,8 @@ fn spm_with_and_without_add_space_prefix() -> Result<()> {
     Ok(())
 }
 
-/// `load_tokenizer` on a `tokenizer.json` (the folder's tokenizer_config.json is used) and on
-/// paths that are not tokenizers.
+/// `load_tokenizer` on a `tokenizer.json` (the folder's tokenizer_config.json is used), on its
+/// folder, and on paths that are not tokenizers.
 #[test]
 fn load_tokenizer_reads_tokenizer_json_and_names_bad_paths() -> Result<()> {
     let dir =
@@ -397,6 +397,15 @@ fn load_tokenizer_reads_tokenizer_json_and_names_bad_paths() -> Result<()> {
     // tokenizer_config.json's eos_token <|im_end|> and, by text, <|endoftext|>.
     assert_eq!(tok.eos_token_ids, [0, 2]);
     assert!(!tok.add_bos_token);
+    // The folder (tokenizer files only, no config.json) gives the same tokenizer.
+    let from_dir = load_tokenizer(&dir)?;
+    assert_eq!(from_dir.eos_token_ids, [0, 2]);
+    assert_eq!(
+        from_dir.encode("<|im_start|>hi", false, true)?,
+        tok.encode("<|im_start|>hi", false, true)?
+    );
+    assert_eq!(tok.encode("<|im_start|>", false, true)?, [1]);
+    assert_ne!(tok.encode("<|im_start|>", false, false)?, [1]);
 
     let missing = dir.join("no-such-file.gguf");
     let err = load_tokenizer(&missing).unwrap_err();
