@@ -13,6 +13,11 @@
 //!   and the warnings of what was ignored ([`LoadedModel::warnings`]). Loaders live in [`loader`], the model in
 //!   [`models`]: one decoder-only [`Transformer`] parameterised by its [`ModelConfig`], dense or
 //!   mixture-of-experts ([`SparseMoe`], on nucleus-moe's routing operators).
+//! - [`load_tokenizer`] reads a tokenizer alone (a GGUF file, vocab-only ones included, a Hugging
+//!   Face folder or a tokenizer.json): GGUF tokenizers of the SentencePiece (`llama`) and
+//!   byte-level BPE (`gpt2`, pre-tokenizer by `tokenizer.ggml.pre`) kinds, as llama.cpp's
+//!   `llama-vocab.cpp` tokenizes them; [`ModelTokenizer::encode`] / [`ModelTokenizer::decode`]
+//!   and the end-of-generation ids ([`ModelTokenizer::eos_token_ids`]).
 //! - [`CausalLm::forward`] runs the new tokens of many sequences in one pass: the linear
 //!   layers on all rows at once, attention per sequence over its own [`KvCache`].
 //! - [`Engine`] takes [`Request`]s (prompt, [`SamplingParams`], max_tokens, stop token ids,

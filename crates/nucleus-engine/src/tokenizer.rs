@@ -232,6 +232,12 @@ impl ModelTokenizer {
     /// `decode(encode(s)) == s` except for the SentencePiece dummy-prefix rule (see the module
     /// docs).
     ///
+    /// Byte-level BPE ([`TokenizerKind::Gpt2`]): an added token's text is its text, not byte-level
+    /// symbols, so added tokens are written as they are and only the runs of model tokens
+    /// between them go through the `ByteLevel` decoder, as llama.cpp's `token_to_piece` does
+    /// (`LLAMA_TOKEN_ATTR_USER_DEFINED` / `CONTROL` pieces are copied, normal ones byte-decoded).
+    /// (Hugging Face's decoder would turn DeepSeek's user-defined `ø` into `�`.)
+    ///
     /// # Errors
     /// [`EngineError::Tokenizer`] naming the first id that is not in the vocabulary and its
     /// position.
@@ -246,9 +252,29 @@ impl ModelTokenizer {
                 self.tokenizer.get_vocab_size(true)
             )));
         }
-        self.tokenizer
-            .decode(ids, skip_special_tokens)
-            .map_err(|e| tok_err(format!("decoding {} ids: {e}", ids.len())))
+        let decode = |run: &[u32]| {
+            self.tokenizer
+                .decode(run, skip_special_tokens)
+                .map_err(|e| tok_err(format!("decoding {} ids: {e}", run.len())))
+        };
+        if self.kind != TokenizerKind::Gpt2 {
+            return decode(ids);
+        }
+        let added = self.tokenizer.get_added_vocabulary();
+        let mut text = String::new();
+        let mut run_start = 0;
+        for (i, &id) in ids.iter().enumerate() {
+            let Some(token) = added.simple_id_to_token(id) else {
+                continue;
+            };
+            text.push_str(&decode(&ids[run_start..i])?);
+            run_start = i + 1;
+            if !(skip_special_tokens && added.is_special_token(&token)) {
+                text.push_str(&token);
+            }
+        }
+        text.push_str(&decode(&ids[run_start..])?);
+        Ok(text)
     }
 
     /// Builds the tokenizer described by `content`'s `tokenizer.ggml.*` metadata (see the module
@@ -260,7 +286,8 @@ impl ModelTokenizer {
     /// if present), `.add_bos_token` (llama: default true), `.add_eos_token` (default false),
     /// `.add_space_prefix` (llama: default true), `.eot_token_id`, `.eom_token_id`; gpt2 also
     /// `.merges` (required) and `.pre` (the pre-tokenizer type, see the module docs), whose
-    /// `add_bos_token` default is llama.cpp's for the type.
+    /// `add_bos_token` default is llama.cpp's for the type. A llama-kind file's `.pre` is
+    /// ignored, as llama.cpp ignores it for SentencePiece vocabularies.
     ///
     /// Special token ids (every `tokenizer.ggml.*_token_id` key) are integers of any GGUF
     /// integer type. -1 in a signed type, or the largest value of an unsigned type (the bits of
@@ -284,7 +311,8 @@ impl ModelTokenizer {
     /// malformed metadata (array lengths that differ from the token count, wrong types), a BOS or
     /// EOS id outside the vocabulary, or a BOS/EOS piece that a `TemplateProcessing` cannot name
     /// (one containing `:`). Messages escape text from the file and are at most
-    /// [`crate::error::MAX_MESSAGE_BYTES`] long. [`crate::load_gguf`] reports these as
+    /// [`crate::error::MAX_MESSAGE_BYTES`] long, except the unknown-pre message, whose list of
+    /// supported values (about 400 bytes) is whole. [`crate::load_gguf`] reports these as
     /// `InvalidModel` with the file's path.
     pub fn from_gguf(content: &gguf_file::Content) -> Result<Self> {
         let kind = md_str(content, "tokenizer.ggml.model")
@@ -783,11 +811,12 @@ fn gpt2_tokenizer(content: &gguf_file::Content) -> Result<ModelTokenizer> {
             pre::MISSING
         }
         Some(value) => pre::lookup(value).ok_or_else(|| {
-            EngineError::Unsupported(bounded(format!(
+            // The value is bounded, the list (our own text, about 400 bytes) is not.
+            EngineError::Unsupported(format!(
                 "pre-tokenizer type {} (tokenizer.ggml.pre); supported: {}",
-                quote(value.as_bytes()),
+                bounded(quote(value.as_bytes())),
                 pre::supported()
-            )))
+            ))
         })?,
     };
 

@@ -691,7 +691,10 @@ fn minus_one_and_all_ones_special_ids_mean_no_token() -> Result<()> {
         .set_value("tokenizer.ggml.cls_token_id", Value::I64(-1));
     let (_file, loaded) = load(&raw);
     let loaded = loaded?;
-    assert_eq!(loaded.tokenizer.eos_token_ids, Vec::<u32>::new());
+    // No EOS id; generation still ends at `</s>` (2), whose text is in llama.cpp's
+    // end-of-generation list (`EOG_TOKEN_TEXTS`).
+    assert_eq!(loaded.tokenizer.eos_token, None);
+    assert_eq!(loaded.tokenizer.eos_token_ids, [2]);
     assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
     Ok(())
 }

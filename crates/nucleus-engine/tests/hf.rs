@@ -396,8 +396,10 @@ fn prefill_decode_and_batching_agree() -> Result<()> {
     Ok(())
 }
 
-/// Special ids: BOS from config.json, EOS a list from generation_config.json (over config.json),
-/// else config.json's, else tokenizer_config.json's `eos_token`.
+/// Special ids: BOS from config.json, else tokenizer_config.json's `bos_token`. The
+/// end-of-generation ids are the union of generation_config.json's `eos_token_id` (a list),
+/// config.json's, tokenizer_config.json's `eos_token` and the tokens whose text is in
+/// llama.cpp's end-of-generation list (MiniMind's `<|endoftext|>` 0 and `<|im_end|>` 2), sorted.
 #[test]
 fn special_ids_follow_transformers_precedence() -> Result<()> {
     let mut config = tiny_config("llama");
@@ -405,17 +407,18 @@ fn special_ids_follow_transformers_precedence() -> Result<()> {
     let l = load_hf_folder(&dir.0, &Device::Cpu)?;
     assert_eq!(
         (l.tokenizer.bos_token_id, l.tokenizer.eos_token_ids.clone()),
-        (Some(1), vec![2])
+        (Some(1), vec![0, 2])
     );
-    assert_eq!(l.model.config().eos_token_ids, vec![2]);
+    assert_eq!(l.model.config().eos_token_ids, vec![0, 2]);
     std::fs::write(
         dir.0.join("generation_config.json"),
         r#"{"bos_token_id": 1, "eos_token_id": [2, 0], "do_sample": true}"#,
     )?;
     let l = load_hf_folder(&dir.0, &Device::Cpu)?;
-    assert_eq!(l.tokenizer.eos_token_ids, vec![2, 0]);
+    assert_eq!(l.tokenizer.eos_token_ids, vec![0, 2]);
     std::fs::remove_file(dir.0.join("generation_config.json"))?;
-    // Neither file has ids: tokenizer_config.json's <|im_start|> / <|im_end|> (1 / 2).
+    // Neither file has ids: tokenizer_config.json's <|im_start|> / <|im_end|> (1 / 2), and
+    // <|endoftext|> (0) by its text.
     let obj = config.as_object_mut().expect("object");
     obj.remove("bos_token_id");
     obj.remove("eos_token_id");
@@ -423,7 +426,7 @@ fn special_ids_follow_transformers_precedence() -> Result<()> {
     let l = load_hf_folder(&dir.0, &Device::Cpu)?;
     assert_eq!(
         (l.tokenizer.bos_token_id, l.tokenizer.eos_token_ids.clone()),
-        (Some(1), vec![2])
+        (Some(1), vec![0, 2])
     );
     // MiniMind's tokenizer class is PreTrainedTokenizerFast: tokenizer.json's (absent)
     // post-processor is kept, no BOS is added.

@@ -232,7 +232,7 @@ fn malformed_metadata_is_an_error() {
 }
 
 #[test]
-fn gpt2_kind_is_built_by_candle() -> Result<()> {
+fn gpt2_kind_without_pre_is_llama_cpp_default() -> Result<()> {
     // Byte-level BPE: "Ġ" is the byte-level form of a space.
     let tokens: Vec<String> = ["a", "b", "ab", "Ġ", "Ġab", "<|endoftext|>"]
         .iter()

@@ -12,8 +12,11 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use std::collections::HashMap;
+
 use anyhow::{Context, Result};
-use nucleus_engine::{load_tokenizer, ModelTokenizer, TokenizerKind};
+use candle_core::quantized::gguf_file::{self, Content, Value, VersionedMagic};
+use nucleus_engine::{load_tokenizer, EngineError, ModelTokenizer, TokenizerKind};
 
 fn vocab_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models/vocab")
@@ -49,7 +52,9 @@ fn load(name: &str) -> Result<ModelTokenizer> {
     Ok(tok)
 }
 
-/// Every string encodes to exactly llama.cpp's ids, and decodes back to itself.
+/// Every string encodes to exactly llama.cpp's ids, and decodes back to itself. (The
+/// SentencePiece dummy-prefix rule, see `spm_space_prefix_after_an_added_token`, changes no
+/// string of these files: none starts with an added token.)
 fn check_family(name: &str, tok: &ModelTokenizer) -> Result<()> {
     let mut wrong = Vec::new();
     for (text, expected) in cases(name)? {
@@ -71,39 +76,348 @@ fn check_family(name: &str, tok: &ModelTokenizer) -> Result<()> {
     Ok(())
 }
 
+/// Token texts of `ids`, for readable assertions.
+fn texts(tok: &ModelTokenizer, ids: &[u32]) -> Vec<String> {
+    ids.iter()
+        .map(|&id| tok.tokenizer.id_to_token(id).unwrap_or_default())
+        .collect()
+}
+
+/// Llama 3 (`tokenizer.ggml.pre = llama-bpe`, no `add_bos_token` key: llama.cpp's default for
+/// the type is true); EOS `<|end_of_text|>`, the turn ends at `<|eot_id|>`.
 #[test]
 fn llama_bpe() -> Result<()> {
     let tok = load("llama-bpe")?;
     assert_eq!(tok.kind, TokenizerKind::Gpt2);
-    check_family("llama-bpe", &tok)
+    check_family("llama-bpe", &tok)?;
+    assert_eq!(tok.bos_token_id, Some(128000));
+    assert_eq!(tok.bos_token.as_deref(), Some("<|begin_of_text|>"));
+    assert!(tok.add_bos_token);
+    assert_eq!(tok.eos_token.as_deref(), Some("<|end_of_text|>"));
+    assert_eq!(tok.eos_token_ids, [128001, 128009]);
+    assert_eq!(texts(&tok, &[128009]), ["<|eot_id|>"]);
+    let plain = tok.encode("Hello", false, false)?;
+    let mut with_bos = vec![128000];
+    with_bos.extend(&plain);
+    assert_eq!(tok.encode("Hello", true, false)?, with_bos);
+    // parse_special: the spelling of a control token is the token, or plain text.
+    assert_eq!(tok.encode("<|eot_id|>", false, true)?, [128009]);
+    let as_text = tok.encode("<|eot_id|>", false, false)?;
+    assert!(
+        as_text.len() > 1 && !as_text.contains(&128009),
+        "{as_text:?}"
+    );
+    assert_eq!(tok.decode(&as_text, false)?, "<|eot_id|>");
+    assert_eq!(tok.decode(&[128000, 9906], true)?, "Hello");
+    assert_eq!(
+        tok.decode(&[128000, 9906], false)?,
+        "<|begin_of_text|>Hello"
+    );
+    Ok(())
 }
 
+/// Qwen2 (`pre = qwen2`, no `add_bos_token`: false); EOS `<|endoftext|>`, turns end at
+/// `<|im_end|>`. `</s>` (128247) is an ordinary token of Qwen2's vocabulary, but its text is in
+/// llama.cpp's end-of-generation list, so llama.cpp ends there too, and so do we.
 #[test]
 fn qwen2() -> Result<()> {
     let tok = load("qwen2")?;
-    check_family("qwen2", &tok)
+    check_family("qwen2", &tok)?;
+    assert!(!tok.add_bos_token);
+    assert_eq!(tok.eos_token_ids, [128247, 151643, 151645]);
+    assert_eq!(
+        texts(&tok, &tok.eos_token_ids),
+        ["</s>", "<|endoftext|>", "<|im_end|>"]
+    );
+    assert_eq!(
+        tok.encode("Hello", true, false)?,
+        tok.encode("Hello", false, false)?
+    );
+    assert_eq!(
+        tok.encode("<|im_start|>user<|im_end|>", false, true)?,
+        [151644, 872, 151645]
+    );
+    let as_text = tok.encode("<|im_end|>", false, false)?;
+    assert!(!as_text.contains(&151645), "{as_text:?}");
+    assert_eq!(tok.decode(&as_text, false)?, "<|im_end|>");
+    Ok(())
 }
 
 #[test]
 fn gpt_2() -> Result<()> {
     let tok = load("gpt-2")?;
-    check_family("gpt-2", &tok)
+    check_family("gpt-2", &tok)?;
+    assert!(!tok.add_bos_token);
+    assert_eq!(tok.eos_token_ids, [50256]);
+    Ok(())
 }
 
 #[test]
 fn deepseek_llm() -> Result<()> {
     let tok = load("deepseek-llm")?;
-    check_family("deepseek-llm", &tok)
+    check_family("deepseek-llm", &tok)?;
+    // The file says add_bos_token = true.
+    assert!(tok.add_bos_token);
+    assert_eq!(tok.eos_token_ids, [100001]);
+    // `ø` is a user-defined token (type 4): matched in the text even with parse_special =
+    // false (llama.cpp's tokenizer_st_partition), and decoded as its text, not as byte-level
+    // symbols (llama.cpp's token_to_piece).
+    let ids = tok.encode("s\u{f8}t", false, false)?;
+    assert_eq!(texts(&tok, &ids), ["s", "\u{f8}", "t"]);
+    assert_eq!(ids[1], 100002);
+    assert_eq!(tok.decode(&ids, false)?, "s\u{f8}t");
+    assert_eq!(tok.decode(&ids, true)?, "s\u{f8}t");
+    assert_eq!(tok.decode(&[100000, 82, 100001], true)?, "s");
+    assert_eq!(
+        tok.decode(&[100000, 82, 100001], false)?,
+        "<\u{ff5c}begin\u{2581}of\u{2581}sentence\u{ff5c}>s<\u{ff5c}end\u{2581}of\u{2581}sentence\u{ff5c}>"
+    );
+    Ok(())
 }
 
 #[test]
 fn llama_spm() -> Result<()> {
     let tok = load("llama-spm")?;
-    check_family("llama-spm", &tok)
+    assert_eq!(tok.kind, TokenizerKind::Llama);
+    check_family("llama-spm", &tok)?;
+    assert_eq!(tok.eos_token_ids, [2]);
+    assert_eq!(tok.encode("Hello", true, false)?[0], 1);
+    Ok(())
 }
 
+/// Phi-3 is SentencePiece; its EOS is 32000 `<|endoftext|>` while a turn ends at 32007
+/// `<|end|>`; `</s>` (2) is in llama.cpp's list too.
 #[test]
 fn phi_3() -> Result<()> {
     let tok = load("phi-3")?;
-    check_family("phi-3", &tok)
+    assert_eq!(tok.kind, TokenizerKind::Llama);
+    check_family("phi-3", &tok)?;
+    assert_eq!(tok.eos_token_ids, [2, 32000, 32007]);
+    assert_eq!(
+        texts(&tok, &tok.eos_token_ids),
+        ["</s>", "<|endoftext|>", "<|end|>"]
+    );
+    assert_eq!(tok.eos_token.as_deref(), Some("<|endoftext|>"));
+    Ok(())
+}
+
+/// The SentencePiece leading-space rule (llama.cpp's `llama_vocab::impl::tokenize`, SPM case:
+/// with `add_space_prefix`, a space is put before every run of text that starts the input or
+/// follows an added token; Hugging Face's `Prepend("▁")` normalizer on each piece between
+/// added tokens does the same), and decoding removes one leading space of the whole text only.
+/// So a text that starts with an added token decodes with one more space after it. In Phi-3,
+/// `</s>` is a user-defined token, matched even with `parse_special = false`.
+#[test]
+fn spm_space_prefix_after_an_added_token() -> Result<()> {
+    let tok = load("phi-3")?;
+    let hi = tok.encode("hi", false, false)?;
+    let mut expected = vec![2];
+    expected.extend(&hi);
+    let ids = tok.encode("</s>hi", false, false)?;
+    assert_eq!(ids, expected);
+    assert_eq!(tok.decode(&ids, false)?, "</s> hi");
+    assert_eq!(tok.decode(&hi, false)?, "hi");
+    Ok(())
+}
+
+#[test]
+fn an_id_outside_the_vocabulary_is_a_typed_error() -> Result<()> {
+    let tok = load("gpt-2")?;
+    let err = tok.decode(&[10, 50257], false).unwrap_err();
+    assert!(
+        matches!(&err, EngineError::Tokenizer(m) if m.contains("50257") && m.contains("position 1")),
+        "{err}"
+    );
+    Ok(())
+}
+
+// ---- synthetic vocabularies ----
+
+fn content(entries: Vec<(&str, Value)>) -> Content {
+    Content {
+        magic: VersionedMagic::GgufV3,
+        metadata: entries
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect::<HashMap<_, _>>(),
+        tensor_infos: HashMap::new(),
+        tensor_data_offset: 0,
+    }
+}
+
+fn strings(v: &[&str]) -> Value {
+    Value::Array(v.iter().map(|s| Value::String(s.to_string())).collect())
+}
+
+/// A byte-level BPE vocabulary with `pre` (absent when `None`).
+fn gpt2_metadata(pre: Option<&str>) -> Vec<(&'static str, Value)> {
+    let mut md = vec![
+        ("tokenizer.ggml.model", Value::String("gpt2".into())),
+        (
+            "tokenizer.ggml.tokens",
+            strings(&["a", "b", "ab", "\u{120}", "\u{120}ab", "<|endoftext|>"]),
+        ),
+        ("tokenizer.ggml.merges", strings(&["a b", "\u{120} ab"])),
+        (
+            "tokenizer.ggml.token_type",
+            Value::Array([1, 1, 1, 1, 1, 3].into_iter().map(Value::I32).collect()),
+        ),
+        ("tokenizer.ggml.eos_token_id", Value::U32(5)),
+    ];
+    if let Some(pre) = pre {
+        md.push(("tokenizer.ggml.pre", Value::String(pre.into())));
+    }
+    md
+}
+
+/// llama.cpp (`llama_vocab::impl::load`) throws "unknown pre-tokenizer type"; so do we, with
+/// the list of the values we support.
+#[test]
+fn an_unknown_pre_tokenizer_type_is_unsupported() {
+    let err = ModelTokenizer::from_gguf(&content(gpt2_metadata(Some("no-such-pre")))).unwrap_err();
+    assert!(
+        matches!(&err, EngineError::Unsupported(m)
+            if m.contains("`no-such-pre`") && m.contains("llama-bpe") && m.contains("qwen2")),
+        "{err}"
+    );
+}
+
+/// A file without `tokenizer.ggml.pre` gets llama.cpp's `default` type, with a warning.
+#[test]
+fn a_missing_pre_tokenizer_type_is_default_with_a_warning() -> Result<()> {
+    let tok = ModelTokenizer::from_gguf(&content(gpt2_metadata(None)))?;
+    assert_eq!(tok.encode(" ab", false, false)?, [4]);
+    assert_eq!(tok.eos_token_ids, [5]);
+    assert!(!tok.add_bos_token);
+    assert!(
+        tok.warnings
+            .iter()
+            .any(|w| w.contains("tokenizer.ggml.pre")),
+        "{:?}",
+        tok.warnings
+    );
+    Ok(())
+}
+
+/// A SentencePiece vocabulary: <unk> <s> </s>, the byte pieces, then ▁ a b ▁a ab ▁ab (longer
+/// pieces score higher, so they win).
+fn spm_metadata(add_space_prefix: Option<bool>) -> Vec<(&'static str, Value)> {
+    let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
+    tokens.extend((0..=255u8).map(|b| format!("<0x{b:02X}>")));
+    let mut types = vec![2i32, 3, 3];
+    types.extend(std::iter::repeat_n(6, 256));
+    let mut scores = vec![0f32; tokens.len()];
+    for (piece, score) in [
+        ("\u{2581}", -1.0f32),
+        ("a", -1.0),
+        ("b", -1.0),
+        ("\u{2581}a", -0.5),
+        ("ab", -0.5),
+        ("\u{2581}ab", -0.1),
+    ] {
+        tokens.push(piece.to_string());
+        types.push(1);
+        scores.push(score);
+    }
+    let mut md = vec![
+        ("tokenizer.ggml.model", Value::String("llama".into())),
+        (
+            "tokenizer.ggml.tokens",
+            Value::Array(tokens.into_iter().map(Value::String).collect()),
+        ),
+        (
+            "tokenizer.ggml.scores",
+            Value::Array(scores.into_iter().map(Value::F32).collect()),
+        ),
+        (
+            "tokenizer.ggml.token_type",
+            Value::Array(types.into_iter().map(Value::I32).collect()),
+        ),
+        ("tokenizer.ggml.bos_token_id", Value::U32(1)),
+        ("tokenizer.ggml.eos_token_id", Value::U32(2)),
+    ];
+    if let Some(v) = add_space_prefix {
+        md.push(("tokenizer.ggml.add_space_prefix", Value::Bool(v)));
+    }
+    md
+}
+
+/// Writes a vocab-only GGUF (metadata, no tensors) and loads it with [`load_tokenizer`].
+fn write_and_load(tag: &str, md: &[(&str, Value)]) -> Result<ModelTokenizer> {
+    let path =
+        std::env::temp_dir().join(format!("nucleus-vocab-{tag}-{}.gguf", std::process::id()));
+    let refs: Vec<(&str, &Value)> = md.iter().map(|(k, v)| (*k, v)).collect();
+    {
+        let mut out = std::io::BufWriter::new(std::fs::File::create(&path)?);
+        gguf_file::write(&mut out, &refs, &[])?;
+        std::io::Write::flush(&mut out)?;
+    }
+    let tok = load_tokenizer(&path);
+    std::fs::remove_file(&path)?;
+    Ok(tok?)
+}
+
+const SPM_A: u32 = 260;
+const SPM_B: u32 = 261;
+const SPM_SPACE_A: u32 = 262;
+const SPM_AB: u32 = 263;
+const SPM_SPACE_AB: u32 = 264;
+
+/// `add_space_prefix` absent (llama.cpp's SPM default, true) or false, on a vocab-only file.
+#[test]
+fn spm_with_and_without_add_space_prefix() -> Result<()> {
+    let with = write_and_load("prefix", &spm_metadata(None))?;
+    assert_eq!(with.encode("ab", false, false)?, [SPM_SPACE_AB]);
+    assert_eq!(with.encode("ab", true, false)?, [1, SPM_SPACE_AB]);
+    assert_eq!(with.decode(&[SPM_SPACE_AB], false)?, "ab");
+    assert_eq!(with.decode(&[259, SPM_SPACE_AB], false)?, " ab");
+
+    let without = write_and_load("no-prefix", &spm_metadata(Some(false)))?;
+    assert_eq!(without.encode("ab", false, false)?, [SPM_AB]);
+    assert_eq!(without.encode(" ab", false, false)?, [SPM_SPACE_AB]);
+    assert_eq!(without.encode("ba", false, false)?, [SPM_B, SPM_A]);
+    assert_eq!(without.encode("b a", false, false)?, [SPM_B, SPM_SPACE_A]);
+    for text in ["ab", " ab", "b a", "ba "] {
+        let ids = without.encode(text, false, false)?;
+        assert_eq!(without.decode(&ids, false)?, text);
+    }
+    Ok(())
+}
+
+/// `load_tokenizer` on a `tokenizer.json` (the folder's tokenizer_config.json is used), on its
+/// folder, and on paths that are not tokenizers.
+#[test]
+fn load_tokenizer_reads_tokenizer_json_and_names_bad_paths() -> Result<()> {
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models/minimind-tokenizer");
+    let tok = load_tokenizer(&dir.join("tokenizer.json"))?;
+    assert_eq!(tok.kind, TokenizerKind::HuggingFace);
+    assert_eq!(tok.bos_token.as_deref(), Some("<|im_start|>"));
+    assert_eq!(tok.eos_token.as_deref(), Some("<|im_end|>"));
+    // tokenizer_config.json's eos_token <|im_end|> and, by text, <|endoftext|>.
+    assert_eq!(tok.eos_token_ids, [0, 2]);
+    assert!(!tok.add_bos_token);
+    // The folder (tokenizer files only, no config.json) gives the same tokenizer.
+    let from_dir = load_tokenizer(&dir)?;
+    assert_eq!(from_dir.eos_token_ids, [0, 2]);
+    assert_eq!(
+        from_dir.encode("<|im_start|>hi", false, true)?,
+        tok.encode("<|im_start|>hi", false, true)?
+    );
+    assert_eq!(tok.encode("<|im_start|>", false, true)?, [1]);
+    assert_ne!(tok.encode("<|im_start|>", false, false)?, [1]);
+
+    let missing = dir.join("no-such-file.gguf");
+    let err = load_tokenizer(&missing).unwrap_err();
+    assert!(
+        matches!(&err, EngineError::Io { path, .. } if *path == missing),
+        "{err}"
+    );
+    let not_gguf = vocab_dir().join("ggml-vocab-gpt-2.gguf.inp");
+    let err = load_tokenizer(&not_gguf).unwrap_err();
+    assert!(
+        matches!(&err, EngineError::InvalidModel { path, .. } if *path == not_gguf),
+        "{err}"
+    );
+    Ok(())
 }

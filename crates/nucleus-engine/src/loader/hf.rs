@@ -1506,14 +1506,14 @@ fn read_tokenizer(
 ) -> Result<ModelTokenizer> {
     let meta = std::fs::metadata(path).map_err(|_| {
         invalid(
-            &path,
+            path,
             "missing: a Hugging Face model folder needs its tokenizer here (nucleus reads \
              tokenizer.json, not the slow tokenizer's files)",
         )
     })?;
     if !meta.is_file() {
         return Err(invalid(
-            &path,
+            path,
             format!(
                 "not a regular file ({})",
                 crate::hub::file_kind(&meta.file_type())
@@ -1522,7 +1522,7 @@ fn read_tokenizer(
     }
     if meta.len() > MAX_TOKENIZER_BYTES {
         return Err(invalid(
-            &path,
+            path,
             format!(
                 "{} bytes, more than the {MAX_TOKENIZER_BYTES} a tokenizer.json may have",
                 meta.len()

@@ -57,7 +57,8 @@ pub fn load_model(path: &Path, device: &Device) -> Result<LoadedModel> {
 }
 
 /// Loads the tokenizer alone from `path`, without weights: a directory is a Hugging Face model
-/// folder ([`load_hf_tokenizer`]), a file whose name ends in `.json` a `tokenizer.json`
+/// folder ([`load_hf_tokenizer`]; a folder without config.json, a tokenizer-only folder, is read
+/// as its `tokenizer.json` is), a file whose name ends in `.json` a `tokenizer.json`
 /// ([`load_tokenizer_json`], with the configuration files beside it), any other file a GGUF
 /// file whose metadata is read ([`load_gguf_tokenizer`]; vocab-only files without tensors load).
 ///
@@ -70,7 +71,11 @@ pub fn load_tokenizer(path: &Path) -> Result<ModelTokenizer> {
         source,
     })?;
     if meta.is_dir() {
-        Ok(load_hf_tokenizer(path)?.0)
+        if path.join("config.json").exists() {
+            Ok(load_hf_tokenizer(path)?.0)
+        } else {
+            load_tokenizer_json(&path.join("tokenizer.json"))
+        }
     } else if path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("json"))
