@@ -436,7 +436,7 @@ impl Cached {
             // Each part is bounded (a quoted id, shown paths, `why` cut), the hint at the end
             // always shown.
             Cached::Missing(what) => EngineError::ModelNotFound(format!(
-                "{} is not in the Hugging Face cache at {} ({}) and {why}; pass --model PATH \
+                "{} is not (or not wholly) in the Hugging Face cache at {} ({}) and {why}; pass --model PATH \
                  to a GGUF file or a Hugging Face model folder",
                 spec_name(spec),
                 shown_path(&env.cache),
