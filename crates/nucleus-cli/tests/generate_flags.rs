@@ -260,25 +260,25 @@ fn text_output_prints_logprobs_on_stderr() {
     assert!(lines[0].contains(" | top: "), "{err}");
 }
 
+/// The one JSON completion of `generate PROMPT_ARGS... EXTRA... --format json`.
+fn one_json(prompt_args: &[&str], extra: &[&str]) -> Value {
+    let args = [prompt_args, extra, &["--format", "json"]].concat();
+    completions(&nucleus(&args, None)).remove(0)
+}
+
 #[test]
 fn logit_bias_stop_token_id_min_tokens_and_ignore_eos() {
+    let greedy_args = [
+        "--prompt",
+        "Once",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "12",
+    ];
     // A +100 bias makes the biased token the argmax at every step.
-    let out = nucleus(
-        &[
-            "--prompt",
-            "Once",
-            "--temperature",
-            "0",
-            "--max-tokens",
-            "5",
-            "--logit-bias",
-            "300=100",
-            "--format",
-            "json",
-        ],
-        None,
-    );
-    assert_eq!(ids(&completions(&out)[0]), [300; 5]);
+    let c = one_json(&greedy_args, &["--logit-bias", "300=100"]);
+    assert_eq!(ids(&c), [300; 12]);
 
     // Stopping at the greedy run's 4th token (its first occurrence) keeps 4 tokens.
     let greedy = greedy_oracle("Once", 12);
@@ -290,93 +290,39 @@ fn logit_bias_stop_token_id_min_tokens_and_ignore_eos() {
         .find(|(i, t)| !tokens[..*i].contains(t))
         .expect("a new token");
     let stop_s = stop.to_string();
-    let out = nucleus(
-        &[
-            "--prompt",
-            "Once",
-            "--temperature",
-            "0",
-            "--max-tokens",
-            "12",
-            "--stop-token-id",
-            &stop_s,
-            "--format",
-            "json",
-        ],
-        None,
-    );
-    let c = &completions(&out)[0];
+    let c = one_json(&greedy_args, &["--stop-token-id", &stop_s]);
     assert_eq!(c["finish_reason"], "stop");
-    assert_eq!(ids(c), tokens[..=at]);
+    assert_eq!(ids(&c), tokens[..=at]);
 
     // --min-tokens bans the stop id until that many tokens are out: the first `at` tokens are
     // greedy's, then the stop id cannot come before the minimum.
     let min = (at + 3).to_string();
-    let out = nucleus(
-        &[
-            "--prompt",
-            "Once",
-            "--temperature",
-            "0",
-            "--max-tokens",
-            "12",
-            "--stop-token-id",
-            &stop_s,
-            "--min-tokens",
-            &min,
-            "--format",
-            "json",
-        ],
-        None,
-    );
-    let c = &completions(&out)[0];
-    let got = ids(c);
+    let got = ids(&one_json(
+        &greedy_args,
+        &["--stop-token-id", &stop_s, "--min-tokens", &min],
+    ));
     assert_eq!(got[..at], tokens[..at]);
     assert!(!got[..at + 3].contains(&stop), "{got:?}");
 
-    // --ignore-eos: a run with EOS banned is as long as asked (and EOS never appears).
-    let out = nucleus(
-        &[
-            "--prompt",
-            "",
-            "--temperature",
-            "0.9",
-            "--seed",
-            "3",
-            "--max-tokens",
-            "40",
-            "--ignore-eos",
-            "--logit-bias",
-            "2=100",
-            "--format",
-            "json",
-        ],
-        None,
-    );
-    let c = &completions(&out)[0];
+    // --ignore-eos: EOS (id 2) pushed up by +100 is drawn at every step and does not end the
+    // run (vLLM's ignore_eos: generation goes on after EOS); without --ignore-eos the same bias
+    // ends the run at once.
+    let sampled = [
+        "--prompt",
+        "",
+        "--temperature",
+        "0.9",
+        "--seed",
+        "3",
+        "--max-tokens",
+        "40",
+    ];
+    let c = one_json(&sampled, &["--ignore-eos", "--logit-bias", "2=100"]);
     assert_eq!(c["finish_reason"], "length");
-    assert_eq!(ids(c).len(), 40);
-    // Without --ignore-eos, the same +100 bias on EOS (id 2) ends the run at once.
-    let out = nucleus(
-        &[
-            "--prompt",
-            "",
-            "--temperature",
-            "0.9",
-            "--seed",
-            "3",
-            "--max-tokens",
-            "40",
-            "--logit-bias",
-            "2=100",
-            "--format",
-            "json",
-        ],
-        None,
-    );
-    let c = &completions(&out)[0];
+    assert_eq!(ids(&c), [2; 40]);
+    let c = one_json(&sampled, &["--logit-bias", "2=100"]);
     assert_eq!(c["finish_reason"], "eos");
-    assert_eq!(ids(c), [2]);
+    assert_eq!(ids(&c), [2]);
 }
 
 #[test]

@@ -133,15 +133,17 @@ fn qwen3_folder(tag: &str, model_type: &str) -> Folder {
     Folder(dir)
 }
 
-/// The greedy completion of `prompt` computed with the library directly: argmax of each
-/// step's logits until EOS or `max_tokens`, decoded with special tokens skipped.
-fn greedy_with_the_library(dir: &Path, prompt: &str, max_tokens: usize) -> String {
-    let loaded = load_hf_folder(dir, &Device::Cpu).expect("load");
-    let tok = &loaded.tokenizer.tokenizer;
-    let mut ids = tok.encode(prompt, true).expect("encode").get_ids().to_vec();
-    let prompt_len = ids.len();
+/// The greedy continuation of the token ids `prompt` with the library directly: argmax of each
+/// step's logits (ties to the lower id), `max_tokens` of them, or until EOS when `stop_at_eos`.
+fn greedy_ids(
+    loaded: &nucleus_engine::LoadedModel,
+    prompt: &[u32],
+    max_tokens: usize,
+    stop_at_eos: bool,
+) -> Vec<u32> {
     let mut cache = loaded.model.new_cache();
-    let mut pending = ids.clone();
+    let mut pending = prompt.to_vec();
+    let mut out = Vec::new();
     for _ in 0..max_tokens {
         let logits: Vec<f32> = loaded
             .model
@@ -154,13 +156,23 @@ fn greedy_with_the_library(dir: &Path, prompt: &str, max_tokens: usize) -> Strin
         let next = (0..logits.len())
             .max_by(|&a, &b| logits[a].total_cmp(&logits[b]).then(b.cmp(&a)))
             .expect("a row") as u32;
-        if loaded.tokenizer.eos_token_ids.contains(&next) {
+        if stop_at_eos && loaded.tokenizer.eos_token_ids.contains(&next) {
             break;
         }
-        ids.push(next);
+        out.push(next);
         pending = vec![next];
     }
-    tok.decode(&ids[prompt_len..], true).expect("decode")
+    out
+}
+
+/// The greedy completion of `prompt` computed with the library directly, until EOS or
+/// `max_tokens`, decoded after the prompt's text with special tokens skipped.
+fn greedy_with_the_library(dir: &Path, prompt: &str, max_tokens: usize) -> String {
+    let loaded = load_hf_folder(dir, &Device::Cpu).expect("load");
+    let tok = &loaded.tokenizer.tokenizer;
+    let ids = tok.encode(prompt, true).expect("encode").get_ids().to_vec();
+    let out = greedy_ids(&loaded, &ids, max_tokens, true);
+    tok.decode(&out, true).expect("decode")
 }
 
 #[test]
@@ -396,24 +408,10 @@ fn chat_renders_minimind_s_template_and_ends_at_every_end_of_generation_id() {
     assert_eq!(ids[0], 1, "<|im_start|> is one token");
     let c = first_json(&nucleus(&[&base[..], &["--format", "json"]].concat(), &[]));
     assert_eq!(c["usage"]["prompt_tokens"], ids.len());
-    let mut cache = loaded.model.new_cache();
-    let mut pending = ids.clone();
-    let mut greedy = Vec::new();
-    for _ in 0..3 {
-        let logits: Vec<f32> = loaded
-            .model
-            .forward(&mut [SeqInput {
-                tokens: &pending,
-                cache: &mut cache,
-            }])
-            .and_then(|t| Ok(t.squeeze(0)?.to_vec1()?))
-            .expect("forward");
-        let next = (0..logits.len())
-            .max_by(|&a, &b| logits[a].total_cmp(&logits[b]).then(b.cmp(&a)))
-            .expect("a row") as u64;
-        greedy.push(next);
-        pending = vec![next as u32];
-    }
+    let greedy: Vec<u64> = greedy_ids(&loaded, &ids, 3, false)
+        .into_iter()
+        .map(u64::from)
+        .collect();
     let got: Vec<u64> = c["token_ids"]
         .as_array()
         .unwrap()

@@ -664,27 +664,7 @@ fn llama_tokenizer(content: &gguf_file::Content) -> Result<ModelTokenizer> {
     }
 
     // Added tokens, in id order, as Hugging Face's SpmConverter adds them.
-    let specials: BTreeSet<u32> = [unk, bos, eos].into_iter().flatten().collect();
-    let added: Vec<AddedToken> = tokens
-        .iter()
-        .zip(&types)
-        .enumerate()
-        .filter_map(|(id, (token, &ty))| {
-            let special = ty == TOKEN_TYPE_CONTROL
-                || ty == TOKEN_TYPE_UNKNOWN
-                || specials.contains(&(id as u32));
-            if special {
-                Some(AddedToken::from(token.clone(), true))
-            } else if ty == TOKEN_TYPE_USER_DEFINED {
-                Some(AddedToken::from(token.clone(), false).normalized(false))
-            } else {
-                None
-            }
-        })
-        .collect();
-    tokenizer
-        .add_tokens(added)
-        .map_err(|e| tok_err(format!("adding special tokens: {e}")))?;
+    add_gguf_tokens(&mut tokenizer, &tokens, &types, &[unk, bos, eos])?;
 
     let eos_token_ids = gguf_eog_ids(content, &tokens, eos)?;
     Ok(ModelTokenizer {
@@ -731,6 +711,39 @@ pub(crate) fn eog_ids_by_text(tokenizer: &Tokenizer) -> Vec<u32> {
         .iter()
         .filter_map(|t| tokenizer.token_to_id(t))
         .collect()
+}
+
+/// Adds a GGUF vocabulary's added tokens, in id order, as Hugging Face's converters add them:
+/// control (`token_type` 3) and unknown (2) pieces and the ids of `specials` (unknown, BOS,
+/// EOS) as special tokens, user-defined pieces (4) as non-special, unnormalised ones.
+fn add_gguf_tokens(
+    tokenizer: &mut Tokenizer,
+    tokens: &[String],
+    types: &[u64],
+    specials: &[Option<u32>],
+) -> Result<()> {
+    let specials: BTreeSet<u32> = specials.iter().flatten().copied().collect();
+    let added: Vec<AddedToken> = tokens
+        .iter()
+        .zip(types)
+        .enumerate()
+        .filter_map(|(id, (token, &ty))| {
+            if ty == TOKEN_TYPE_CONTROL
+                || ty == TOKEN_TYPE_UNKNOWN
+                || specials.contains(&(id as u32))
+            {
+                Some(AddedToken::from(token.clone(), true))
+            } else if ty == TOKEN_TYPE_USER_DEFINED {
+                Some(AddedToken::from(token.clone(), false).normalized(false))
+            } else {
+                None
+            }
+        })
+        .collect();
+    tokenizer
+        .add_tokens(added)
+        .map_err(|e| tok_err(format!("adding special tokens: {e}")))?;
+    Ok(())
 }
 
 /// Hugging Face `LlamaTokenizerFast.update_post_processor`'s template: single
@@ -892,27 +905,7 @@ fn gpt2_tokenizer(content: &gguf_file::Content) -> Result<ModelTokenizer> {
         tokenizer.with_post_processor(Some(template));
     }
 
-    let specials: BTreeSet<u32> = [bos, eos].into_iter().flatten().collect();
-    let added: Vec<AddedToken> = tokens
-        .iter()
-        .zip(&types)
-        .enumerate()
-        .filter_map(|(id, (token, &ty))| {
-            if ty == TOKEN_TYPE_CONTROL
-                || ty == TOKEN_TYPE_UNKNOWN
-                || specials.contains(&(id as u32))
-            {
-                Some(AddedToken::from(token.clone(), true))
-            } else if ty == TOKEN_TYPE_USER_DEFINED {
-                Some(AddedToken::from(token.clone(), false).normalized(false))
-            } else {
-                None
-            }
-        })
-        .collect();
-    tokenizer
-        .add_tokens(added)
-        .map_err(|e| tok_err(format!("adding special tokens: {e}")))?;
+    add_gguf_tokens(&mut tokenizer, &tokens, &types, &[bos, eos])?;
 
     let eos_token_ids = gguf_eog_ids(content, &tokens, eos)?;
     Ok(ModelTokenizer {

@@ -46,24 +46,7 @@ use crate::tokenizer::ModelTokenizer;
 ///   or a tokenizer kind other than `llama` / `gpt2`.
 pub fn load_gguf(path: &Path, device: &Device) -> Result<LoadedModel> {
     let _span = tracing::debug_span!("load_gguf", path = %path.display()).entered();
-    // Opening a FIFO would block, and a device has no length: only regular files are read.
-    if let Ok(meta) = std::fs::metadata(path) {
-        if !meta.is_file() {
-            return Err(invalid(
-                path,
-                format!(
-                    "not a regular file ({})",
-                    crate::hub::file_kind(&meta.file_type())
-                ),
-            ));
-        }
-    }
-    let file = File::open(path).map_err(|source| EngineError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let mut reader = BufReader::new(file);
-    let content = crate::gguf::read_content(&mut reader, path)?;
+    let (content, mut reader) = open_gguf(path)?;
     match split_count(&content, path)? {
         None => load_content(content, &mut reader, path, device),
         Some(count) => {
@@ -300,22 +283,7 @@ fn tokenizer_of(content: &gguf_file::Content, path: &Path) -> Result<ModelTokeni
 /// # Errors
 /// As [`load_gguf`]'s for the header and the tokenizer metadata.
 pub fn load_gguf_tokenizer(path: &Path) -> Result<ModelTokenizer> {
-    if let Ok(meta) = std::fs::metadata(path) {
-        if !meta.is_file() {
-            return Err(invalid(
-                path,
-                format!(
-                    "not a regular file ({})",
-                    crate::hub::file_kind(&meta.file_type())
-                ),
-            ));
-        }
-    }
-    let file = File::open(path).map_err(|source| EngineError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let content = crate::gguf::read_content(&mut BufReader::new(file), path)?;
+    let (content, _) = open_gguf(path)?;
     tokenizer_of(&content, path)
 }
 
@@ -347,4 +315,27 @@ fn load_content<R: Read + Seek>(
         tokenizer,
         warnings,
     })
+}
+
+/// Opens a GGUF file and reads its header (our checked parser), leaving the reader after it.
+/// Only regular files are opened: a FIFO would block, and a device has no length.
+fn open_gguf(path: &Path) -> Result<(gguf_file::Content, BufReader<File>)> {
+    if let Ok(meta) = std::fs::metadata(path) {
+        if !meta.is_file() {
+            return Err(invalid(
+                path,
+                format!(
+                    "not a regular file ({})",
+                    crate::hub::file_kind(&meta.file_type())
+                ),
+            ));
+        }
+    }
+    let file = File::open(path).map_err(|source| EngineError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut reader = BufReader::new(file);
+    let content = crate::gguf::read_content(&mut reader, path)?;
+    Ok((content, reader))
 }
