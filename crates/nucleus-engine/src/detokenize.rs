@@ -23,7 +23,8 @@ use std::sync::Arc;
 use tokenizers::decoders::DecoderWrapper;
 use tokenizers::Tokenizer;
 
-use crate::error::{EngineError, Result};
+use crate::error::Result;
+use crate::tokenizer::ModelTokenizer;
 
 /// The byte tokens `<0x00>` ... `<0xFF>` of a tokenizer whose decoder has `ByteFallback`
 /// (SentencePiece models such as Llama 2's), so that runs of them decode as
@@ -142,7 +143,7 @@ impl IncrementalDecoder {
     ///
     /// # Errors
     /// [`EngineError::Tokenizer`] when the tokenizer cannot decode the ids.
-    pub fn push(&mut self, tokenizer: &Tokenizer, id: u32) -> Result<String> {
+    pub fn push(&mut self, tokenizer: &ModelTokenizer, id: u32) -> Result<String> {
         self.ids.push(id);
         self.emit(tokenizer, false)
     }
@@ -153,11 +154,13 @@ impl IncrementalDecoder {
     ///
     /// # Errors
     /// As [`Self::push`].
-    pub fn finish(&mut self, tokenizer: &Tokenizer) -> Result<String> {
+    pub fn finish(&mut self, tokenizer: &ModelTokenizer) -> Result<String> {
         self.emit(tokenizer, true)
     }
 
-    fn emit(&mut self, tokenizer: &Tokenizer, flush: bool) -> Result<String> {
+    /// Decodes with [`ModelTokenizer::decode`] (special tokens skipped), so added tokens of a
+    /// byte-level vocabulary come out as their text, as llama.cpp's `token_to_piece` gives them.
+    fn emit(&mut self, tokenizer: &ModelTokenizer, flush: bool) -> Result<String> {
         if self.read_offset == self.ids.len() {
             return Ok(String::new());
         }
@@ -166,9 +169,7 @@ impl IncrementalDecoder {
                 Some(bytes) => bytes.lossy(ids),
                 None => Cow::Borrowed(ids),
             };
-            tokenizer
-                .decode(&ids, true)
-                .map_err(|e| EngineError::Tokenizer(e.to_string()))
+            tokenizer.decode(&ids, true)
         };
         let prefix_text = decode(&self.ids[self.prefix_offset..self.read_offset])?;
         let new_text = decode(&self.ids[self.prefix_offset..])?;

@@ -704,7 +704,6 @@ fn advance(
     grammar_ended: bool,
     text: &mut String,
 ) -> Option<FinishReason> {
-    let tok = &tokenizer.tokenizer;
     let finish = |seq: &mut Sequence, text: &mut String, reason: FinishReason| {
         finish_sample(seq, tokenizer, text, reason)
     };
@@ -714,7 +713,7 @@ fn advance(
     if seq.stop_token_ids.contains(&token) {
         return Some(finish(seq, text, FinishReason::Stop));
     }
-    match seq.decoder.push(tok, token) {
+    match seq.decoder.push(tokenizer, token) {
         Ok(delta) => {
             let check = seq.stops.push(&delta);
             text.push_str(&check.text);
@@ -743,7 +742,7 @@ fn finish_sample(
     text: &mut String,
     reason: FinishReason,
 ) -> FinishReason {
-    let rest = match seq.decoder.finish(&tokenizer.tokenizer) {
+    let rest = match seq.decoder.finish(tokenizer) {
         Ok(rest) => rest,
         Err(e) => return FinishReason::Error(e.to_string()),
     };

@@ -309,7 +309,7 @@ fn incremental_text_keeps_spaces_between_pieces() {
     let mut decoder = nucleus_engine::detokenize::IncrementalDecoder::new(&ids[..1]);
     let mut text = String::new();
     for &id in &ids[1..] {
-        text += &decoder.push(&e.tokenizer().tokenizer, id).unwrap();
+        text += &decoder.push(e.tokenizer(), id).unwrap();
     }
     assert_eq!(text, "Lily went to the beach with her mom.");
 }
@@ -322,14 +322,14 @@ fn incremental_text_never_splits_a_utf8_character() {
     let mut decoder = nucleus_engine::detokenize::IncrementalDecoder::new(&ids[..1]);
     let mut text = String::new();
     for &id in &ids[1..] {
-        let delta = decoder.push(&e.tokenizer().tokenizer, id).unwrap();
+        let delta = decoder.push(e.tokenizer(), id).unwrap();
         assert!(
             !delta.contains('\u{FFFD}'),
             "broken UTF-8 emitted: {delta:?}"
         );
         text += &delta;
     }
-    text += &decoder.finish(&e.tokenizer().tokenizer).unwrap();
+    text += &decoder.finish(e.tokenizer()).unwrap();
     assert_eq!(text, source);
 }
 
@@ -340,7 +340,8 @@ fn incremental_text_never_splits_a_utf8_character() {
 #[test]
 fn broken_utf8_is_one_replacement_per_maximal_invalid_subsequence() {
     let e = engine(false);
-    let tokenizer = &e.tokenizer().tokenizer;
+    let model_tokenizer = e.tokenizer();
+    let tokenizer = &model_tokenizer.tokenizer;
     let byte = |b: u8| tokenizer.token_to_id(&format!("<0x{b:02X}>")).unwrap();
     let a = [tokenizer.token_to_id("a").unwrap()];
     let bytes_tokens = nucleus_engine::detokenize::ByteTokens::new(tokenizer);
@@ -362,16 +363,16 @@ fn broken_utf8_is_one_replacement_per_maximal_invalid_subsequence() {
             .with_byte_tokens(bytes_tokens.clone());
         let mut text = String::new();
         for &b in bytes {
-            text += &decoder.push(tokenizer, byte(b)).unwrap();
+            text += &decoder.push(model_tokenizer, byte(b)).unwrap();
         }
         let mut want = String::from_utf8_lossy(bytes).into_owned();
         if then_a {
             for &id in &a {
-                text += &decoder.push(tokenizer, id).unwrap();
+                text += &decoder.push(model_tokenizer, id).unwrap();
             }
             want.push('a');
         }
-        text += &decoder.finish(tokenizer).unwrap();
+        text += &decoder.finish(model_tokenizer).unwrap();
         assert_eq!(text, want, "bytes {bytes:02X?}");
     }
 }

@@ -66,6 +66,17 @@ fn check_family(name: &str, tok: &ModelTokenizer) -> Result<()> {
         if back != text {
             wrong.push(format!("{text:?}: decodes to {back:?}"));
         }
+        // Streamed one token at a time (the engine's incremental detokenizer, from an empty
+        // context), the text is the same.
+        let mut decoder = nucleus_engine::detokenize::IncrementalDecoder::new(&[]);
+        let mut streamed = String::new();
+        for &id in &ids {
+            streamed += &decoder.push(tok, id)?;
+        }
+        streamed += &decoder.finish(tok)?;
+        if streamed != back {
+            wrong.push(format!("{text:?}: streams as {streamed:?}"));
+        }
     }
     assert!(
         wrong.is_empty(),
@@ -167,6 +178,14 @@ fn deepseek_llm() -> Result<()> {
     assert_eq!(ids[1], 100002);
     assert_eq!(tok.decode(&ids, false)?, "s\u{f8}t");
     assert_eq!(tok.decode(&ids, true)?, "s\u{f8}t");
+    // Streamed by the engine's incremental detokenizer too (it decodes with
+    // ModelTokenizer::decode, not Hugging Face's ByteLevel decoder alone).
+    let mut decoder = nucleus_engine::detokenize::IncrementalDecoder::new(&[100000]);
+    let mut streamed = String::new();
+    for &id in &ids {
+        streamed += &decoder.push(&tok, id)?;
+    }
+    assert_eq!(streamed + &decoder.finish(&tok)?, "s\u{f8}t");
     assert_eq!(tok.decode(&[100000, 82, 100001], true)?, "s");
     assert_eq!(
         tok.decode(&[100000, 82, 100001], false)?,
