@@ -142,7 +142,8 @@ impl IncrementalDecoder {
     /// incomplete UTF-8 sequence is held back).
     ///
     /// # Errors
-    /// [`EngineError::Tokenizer`] when the tokenizer cannot decode the ids.
+    /// [`crate::EngineError::Tokenizer`] when the tokenizer cannot decode the ids (one outside the
+    /// vocabulary).
     pub fn push(&mut self, tokenizer: &ModelTokenizer, id: u32) -> Result<String> {
         self.ids.push(id);
         self.emit(tokenizer, false)

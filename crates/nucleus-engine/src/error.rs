@@ -136,7 +136,7 @@ pub(crate) fn quote(bytes: &[u8]) -> String {
 /// The most bytes of a path that a message shows ([`shown_path`]).
 pub const MAX_PATH_BYTES: usize = 256;
 
-/// A path as messages show it: control and format characters escaped as in [`quote`], bytes
+/// A path as messages show it: control and format characters escaped as in `quote`, bytes
 /// of invalid UTF-8 as `\xNN`, cut after [`MAX_PATH_BYTES`] bytes with `…` (a path given by a
 /// user or an environment variable is text that must not reach a terminal raw either).
 pub fn shown_path(path: &Path) -> String {

@@ -490,7 +490,7 @@ fn check_special_ids(
     Ok(())
 }
 
-/// The most work [`spm_merges`] may do, in bytes hashed: the sum over pieces of their length
+/// The most work `spm_merges` may do, in bytes hashed: the sum over pieces of their length
 /// squared (each character boundary of a piece looks up its two parts). Real vocabularies
 /// need under 10^8 (their longest pieces are 48 to 256 bytes: Llama 2, Phi-3, Llama 3, Qwen2,
 /// DeepSeek); one piece of 10 MB would need 10^14, hours of work.
