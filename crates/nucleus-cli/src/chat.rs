@@ -87,6 +87,12 @@ pub fn read_conversation(path: &Path, limit: MaxInputBytes) -> Result<(Vec<Value
     }
     let messages =
         messages_from_openai(&value).with_context(|| format!("--messages {}", shown_path(path)))?;
+    if messages.is_empty() {
+        anyhow::bail!(
+            "--messages {}: the conversation holds no messages",
+            shown_path(path)
+        );
+    }
     Ok((messages, tools))
 }
 

@@ -63,8 +63,8 @@ pub struct GenerateArgs {
     /// --chat, the text of one user message.
     #[arg(long, allow_hyphen_values = true)]
     pub prompt: Vec<String>,
-    /// Prompts from a file: one per line (a trailing "\r" is dropped), or the whole file with
-    /// --whole-file.
+    /// Prompts from a file (`-`: stdin): one per line (a trailing "\r" is dropped), or the whole
+    /// file with --whole-file.
     #[arg(long, value_name = "FILE")]
     pub prompt_file: Option<PathBuf>,
     /// With --prompt-file: the whole file is one prompt.
@@ -484,7 +484,11 @@ fn read_prompts(args: &GenerateArgs) -> Result<Vec<String>> {
     };
     if let Some(path) = &args.prompt_file {
         let text = utf8(
-            read_file("--prompt-file", path, limit)?,
+            if path.as_os_str() == "-" {
+                read_stdin("--prompt-file", limit)?
+            } else {
+                read_file("--prompt-file", path, limit)?
+            },
             &format!("--prompt-file {}", crate::input::shown_path(path)),
         )?;
         if args.whole_file {

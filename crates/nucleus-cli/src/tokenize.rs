@@ -30,7 +30,7 @@ pub struct TokenizeArgs {
     /// The text to tokenise (the flag's value itself).
     #[arg(long, value_name = "T", allow_hyphen_values = true)]
     pub text: Option<String>,
-    /// A file whose whole content (UTF-8) is the text.
+    /// A file whose whole content (UTF-8) is the text (`-`: stdin).
     #[arg(long, value_name = "F")]
     pub file: Option<PathBuf>,
     /// One JSON list per line of the text (the newline, and a "\r" before it, not included).
@@ -69,7 +69,11 @@ pub fn tokenize_command(args: &TokenizeArgs) -> Result<ExitCode> {
     let text = match (&args.text, &args.file) {
         (Some(t), _) => t.clone(),
         (None, Some(path)) => {
-            let bytes = read_file("--file", path, args.limit.max_input_bytes)?;
+            let bytes = if path.as_os_str() == "-" {
+                crate::input::read_stdin("--file", args.limit.max_input_bytes)?
+            } else {
+                read_file("--file", path, args.limit.max_input_bytes)?
+            };
             String::from_utf8(bytes)
                 .with_context(|| format!("--file {} is not UTF-8", shown_path(path)))?
         }

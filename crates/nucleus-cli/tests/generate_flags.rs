@@ -366,6 +366,11 @@ fn prompts_come_from_a_file_stdin_or_a_whole_file() {
         Some("Once\r\nThe dog\n"),
     ));
     assert_eq!(stdin, literal);
+    let stdin_lines = completions(&nucleus(
+        &[&["--prompt-file", "-"][..], &common].concat(),
+        Some("Once\r\nThe dog\n"),
+    ));
+    assert_eq!(stdin_lines, from_flags);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -273,4 +273,16 @@ fn chat_templates_render_as_their_rules_say() {
     ]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("has no chat template"));
+    // An empty conversation is an error.
+    let empty = temp("empty.json");
+    std::fs::write(&empty, "[]").unwrap();
+    let out = nucleus(&[
+        "chat-template",
+        "--model",
+        &vocab("qwen2"),
+        "--messages",
+        empty.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("holds no messages"));
 }
