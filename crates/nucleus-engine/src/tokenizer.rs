@@ -665,19 +665,15 @@ fn llama_tokenizer(content: &gguf_file::Content) -> Result<ModelTokenizer> {
 
     // Added tokens, in id order, as Hugging Face's SpmConverter adds them.
     add_gguf_tokens(&mut tokenizer, &tokens, &types, &[unk, bos, eos])?;
-
-    let eos_token_ids = gguf_eog_ids(content, &tokens, eos)?;
-    Ok(ModelTokenizer {
+    gguf_model_tokenizer(
+        content,
         tokenizer,
-        bos_token_id: bos,
-        bos_token: bos.map(|id| tokens[id as usize].clone()),
-        add_bos_token: add_bos && bos.is_some(),
-        eos_token_ids,
-        eos_token: eos.map(|id| tokens[id as usize].clone()),
-        kind: TokenizerKind::Llama,
+        &tokens,
+        (bos, eos),
+        add_bos,
+        TokenizerKind::Llama,
         warnings,
-        plain: OnceLock::new(),
-    })
+    )
 }
 
 /// The GGUF end-of-generation ids: `eos` ∪ the EOT / EOM ids (ignored when absent or outside
@@ -711,6 +707,32 @@ pub(crate) fn eog_ids_by_text(tokenizer: &Tokenizer) -> Vec<u32> {
         .iter()
         .filter_map(|t| tokenizer.token_to_id(t))
         .collect()
+}
+
+/// The [`ModelTokenizer`] of a GGUF vocabulary built as `tokenizer`: BOS / EOS ids and texts,
+/// whether BOS is added, and the end-of-generation set ([`gguf_eog_ids`]).
+fn gguf_model_tokenizer(
+    content: &gguf_file::Content,
+    tokenizer: Tokenizer,
+    tokens: &[String],
+    (bos, eos): (Option<u32>, Option<u32>),
+    add_bos: bool,
+    kind: TokenizerKind,
+    warnings: Vec<String>,
+) -> Result<ModelTokenizer> {
+    let eos_token_ids = gguf_eog_ids(content, tokens, eos)?;
+    let text = |id: Option<u32>| id.map(|id| tokens[id as usize].clone());
+    Ok(ModelTokenizer {
+        tokenizer,
+        bos_token_id: bos,
+        bos_token: text(bos),
+        add_bos_token: add_bos && bos.is_some(),
+        eos_token_ids,
+        eos_token: text(eos),
+        kind,
+        warnings,
+        plain: OnceLock::new(),
+    })
 }
 
 /// Adds a GGUF vocabulary's added tokens, in id order, as Hugging Face's converters add them:
@@ -906,19 +928,15 @@ fn gpt2_tokenizer(content: &gguf_file::Content) -> Result<ModelTokenizer> {
     }
 
     add_gguf_tokens(&mut tokenizer, &tokens, &types, &[bos, eos])?;
-
-    let eos_token_ids = gguf_eog_ids(content, &tokens, eos)?;
-    Ok(ModelTokenizer {
+    gguf_model_tokenizer(
+        content,
         tokenizer,
-        bos_token_id: bos,
-        bos_token: bos.map(|id| tokens[id as usize].clone()),
-        add_bos_token: add_bos && bos.is_some(),
-        eos_token_ids,
-        eos_token: eos.map(|id| tokens[id as usize].clone()),
-        kind: TokenizerKind::Gpt2,
+        &tokens,
+        (bos, eos),
+        add_bos,
+        TokenizerKind::Gpt2,
         warnings,
-        plain: OnceLock::new(),
-    })
+    )
 }
 
 #[cfg(test)]
