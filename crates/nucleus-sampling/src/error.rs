@@ -69,6 +69,17 @@ pub enum SampleError {
         /// The penalty.
         penalty: f64,
     },
+    /// A chain processor turned a finite logit into a non-finite value (e.g. `temperature`'s
+    /// `l / T` with `|l| > 3.4e33` and `T = 1e-5`): the result would leave the f32 range.
+    #[error("processor `{processor}` takes the logit {logit:?} of token id {token_id} out of the f32 range")]
+    ProcessorOverflow {
+        /// The processor's name, e.g. `"temperature"`.
+        processor: &'static str,
+        /// The first token (lowest id) whose logit overflowed.
+        token_id: u32,
+        /// Its logit before the processor.
+        logit: f32,
+    },
     /// No seed was given and the operating system's entropy source failed.
     #[error("no seed given and none could be drawn from the OS: {0}")]
     SeedUnavailable(String),

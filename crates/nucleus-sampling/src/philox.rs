@@ -48,8 +48,27 @@ pub fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
 /// 32-63, sample_index, 0). From the output words w0, w1: `x = (w0 << 32 | w1) >> 11` (53
 /// bits) and `u = (x + 0.5) / 2^53`, never 0 or 1 (spec/sampling.md, "Random streams").
 pub fn uniform(seed: u64, position: u64, sample_index: u32) -> f64 {
+    uniform_kind(seed, position, sample_index, draw::SELECT)
+}
+
+/// Counter word 3 of each kind of draw (spec/sampling.md, "Random streams"): no two draws of a
+/// request share a counter.
+pub mod draw {
+    /// The selection of step 11 (and mirostat's).
+    pub const SELECT: u32 = 0;
+    /// XTC's coin.
+    pub const XTC: u32 = 1;
+    /// Speculative verification's acceptance test of a draft position.
+    pub const SPEC_ACCEPT: u32 = 2;
+    /// Speculative verification's residual or bonus sample.
+    pub const SPEC_RESIDUAL: u32 = 3;
+}
+
+/// The uniform in (0, 1) for `(seed, position, sample_index)` and the draw kind `kind`
+/// (counter word 3, [`draw`]); [`uniform`] is `kind = 0`. Same construction otherwise.
+pub fn uniform_kind(seed: u64, position: u64, sample_index: u32, kind: u32) -> f64 {
     let w = philox4x32_10(
-        [position as u32, (position >> 32) as u32, sample_index, 0],
+        [position as u32, (position >> 32) as u32, sample_index, kind],
         [seed as u32, (seed >> 32) as u32],
     );
     let x = ((u64::from(w[0]) << 32) | u64::from(w[1])) >> 11;

@@ -146,14 +146,21 @@ fn min_p_alone_keeps_tokens_at_or_above_min_p_times_p_max() {
 }
 
 #[test]
-fn temperature_alone_subtracts_the_max_then_divides() {
-    // logits [1, 2, 3, -inf], T 0.5 -> [(1-3)/0.5, (2-3)/0.5, 0, -inf] = [-4, -2, 0, -inf].
+fn temperature_alone_is_a_pure_division() {
+    // logits [1, 2, 3, -inf], T 0.5 -> [2, 4, 6, -inf] (Hugging Face's `scores / temperature`).
     let out = applied(
         &mut Temperature::new(0.5).unwrap(),
         &[1.0, 2.0, 3.0, NEG],
         &ctx0(),
     );
-    assert_eq!(out, [-4.0, -2.0, 0.0, NEG]);
+    assert_eq!(out, [2.0, 4.0, 6.0, NEG]);
+    // Negative logits stay negative, positive stay positive: T 2 on [-3, 0, 5].
+    let out = applied(
+        &mut Temperature::new(2.0).unwrap(),
+        &[-3.0, 0.0, 5.0],
+        &ctx0(),
+    );
+    assert_eq!(out, [-1.5, 0.0, 2.5]);
     let d = dist(
         vec![Box::new(Temperature::new(0.5).unwrap())],
         &[1.0, 2.0, 3.0, NEG],
@@ -175,11 +182,21 @@ fn temperature_alone_subtracts_the_max_then_divides() {
         0
     );
 
-    // No overflow at the edges of f32: huge logits and the smallest temperature.
-    let big = [f32::MAX, -f32::MAX, 0.0];
-    let out = applied(&mut Temperature::new(1e-5).unwrap(), &big, &ctx0());
-    assert!(out.iter().all(|l| !l.is_nan()), "{out:?}");
-    assert_eq!(out[0], 0.0);
+    // A quotient beyond the f32 range is a typed error naming the processor and the lowest
+    // such id, never an inf: 1e34 / 1e-5 = 1e39 > f32::MAX (3.4e38); 1e33 / 1e-5 fits.
+    let mut chain = chain_of(vec![Box::new(Temperature::new(1e-5).unwrap())]);
+    assert_eq!(
+        chain
+            .distribution(&[0.0, -1e34, 1e34], &ctx0())
+            .unwrap_err(),
+        SampleError::ProcessorOverflow {
+            processor: "temperature",
+            token_id: 1,
+            logit: -1e34
+        }
+    );
+    let out = applied(&mut Temperature::new(1e-5).unwrap(), &[1e33, 0.0], &ctx0());
+    assert!(out.iter().all(|l| l.is_finite()), "{out:?}");
 
     // Below 1e-5 (use the greedy selection), negative, NaN or infinite: an error.
     for bad in [0.0, 9e-6, -1.0, f64::NAN, f64::INFINITY] {
@@ -1204,4 +1221,47 @@ fn config_errors_are_typed() {
         serde_json::to_string(&c).unwrap(),
         r#"[{"temperature":{"t":"-inf"}},{"greedy":{}}]"#
     );
+}
+
+#[test]
+fn temperature_then_repetition_penalty_keeps_logit_signs_as_hugging_face() {
+    // Issue 16's case: logits [1, 2, 3], token 0 seen, temperature 1 then repetition penalty 2.
+    // Hugging Face (TemperatureLogitsWarper, then RepetitionPenaltyLogitsProcessor): the
+    // temperature leaves [1, 2, 3]; l0 = 1 > 0 is divided: 0.5; p0 = e^0.5 / (e^0.5 + e^2 + e^3).
+    let hf = |l: [f64; 3]| {
+        let z: f64 = l.iter().map(|x| x.exp()).sum();
+        l.map(|x| x.exp() / z)
+    };
+    for (t, penalised) in [
+        (1.0, [0.5, 2.0, 3.0]),
+        (0.5, [1.0, 4.0, 6.0]),
+        (4.0, [0.125, 0.5, 0.75]),
+    ] {
+        let mut chain = chain_of(vec![
+            Box::new(Temperature::new(t).unwrap()),
+            Box::new(RepetitionPenalty::new(2.0).unwrap()),
+        ]);
+        chain.reset(&[0]);
+        let d = chain.distribution(&[1.0, 2.0, 3.0], &ctx0()).unwrap();
+        assert_close(&d, &hf(penalised), 1e-6, &format!("T {t} then penalty"));
+    }
+    let mut chain = chain_of(vec![
+        Box::new(Temperature::new(1.0).unwrap()),
+        Box::new(RepetitionPenalty::new(2.0).unwrap()),
+    ]);
+    chain.reset(&[0]);
+    let d = chain.distribution(&[1.0, 2.0, 3.0], &ctx0()).unwrap();
+    assert!((d[0] - 0.0566).abs() < 5e-5, "{d:?}");
+    // Negative logits: [-1, 2, 3] with token 0 seen: -1 * 2 = -2 whatever the temperature's
+    // place (the sign does not change under division by T > 0): T 0.5 first gives -2 * 2 = -4,
+    // penalty first gives -2 / 0.5 = -4: this pair commutes.
+    let run = |order: u8| {
+        let t: Box<dyn LogitsProcessor> = Box::new(Temperature::new(0.5).unwrap());
+        let r: Box<dyn LogitsProcessor> = Box::new(RepetitionPenalty::new(2.0).unwrap());
+        let mut chain = chain_of(if order == 0 { vec![t, r] } else { vec![r, t] });
+        chain.reset(&[0]);
+        chain.process(&[-1.0, 2.0, 3.0], &ctx0()).unwrap().to_vec()
+    };
+    assert_eq!(run(0), [-4.0, 4.0, 6.0]);
+    assert_eq!(run(1), [-4.0, 4.0, 6.0]);
 }

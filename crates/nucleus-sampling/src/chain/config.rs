@@ -1,0 +1,439 @@
+//! A chain's configuration as data: [`ProcessorConfig`] and its serde helpers.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::*;
+use crate::error::ParamError;
+use crate::params::LogprobsKind;
+
+/// Why a chain could not be built from a [`ProcessorConfig`] list.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ChainError {
+    /// The list is empty, or its last entry is not a selection step.
+    #[error("a processor chain must end with a selection step (`sample` or `greedy`)")]
+    NoSelection,
+    /// A selection step appears before the last entry.
+    #[error("selection step `{name}` at index {index} must be the last entry of the chain")]
+    SelectionNotLast {
+        /// Its index in the list.
+        index: usize,
+        /// `"sample"` or `"greedy"`.
+        name: &'static str,
+    },
+    /// An entry's parameter is out of range.
+    #[error("chain entry {index} (`{name}`): {source}")]
+    InvalidParams {
+        /// The entry's index in the list.
+        index: usize,
+        /// The entry's name, e.g. `"temperature"`.
+        name: &'static str,
+        /// The field, its value and the allowed range.
+        source: ParamError,
+    },
+}
+
+/// One entry of a chain's configuration: a processor with exactly its parameters, or a
+/// selection step (STYLE.md point 3: a chain's configuration is data).
+///
+/// Serialised externally tagged, snake_case, unknown names and fields rejected. In JSON:
+///
+/// | entry | processor | ranges |
+/// |---|---|---|
+/// | `{"allowed_token_ids": {"ids": [1, 2]}}` | [`AllowedTokenIds`] | non-empty |
+/// | `{"bad_words": {"words": [[1, 2], [3]]}}` | [`BadWords`] | non-empty sequences |
+/// | `{"min_tokens": {"min_tokens": 5}}` | [`MinTokens`] | |
+/// | `{"logit_bias": {"bias": {"42": -1.5}}}` | [`LogitBias`] (keys: ids as strings) | finite, clamped to ±100 |
+/// | `{"repetition_penalty": {"penalty": 1.1}}` | [`RepetitionPenalty`] | `> 0` |
+/// | `{"frequency_penalty": {"penalty": 0.5}}` | [`FrequencyPresencePenalty::frequency`] | `[-2, 2]` |
+/// | `{"presence_penalty": {"penalty": 0.5}}` | [`FrequencyPresencePenalty::presence`] | `[-2, 2]` |
+/// | `{"temperature": {"t": 0.8}}` | [`Temperature`] | `>= 1e-5` |
+/// | `{"min_p": {"p": 0.05}}` | [`MinP`] | `[0, 1]` |
+/// | `{"top_k": {"k": 50}}` | [`TopK`] | `>= -1` |
+/// | `{"top_p": {"p": 0.9}}` | [`TopP`] | `(0, 1]` |
+/// | `{"greedy": {}}` | [`Selection::Greedy`] (optional `n`, `logprobs`, `logprobs_kind`) | |
+/// | `{"sample": {"seed": 42, "n": 1, "logprobs": 5, "logprobs_kind": "raw"}}` | [`Selection::Sample`] (all optional) | `n` in `1..=1024` |
+///
+/// Every f64 field also accepts the strings `"inf"`, `"-inf"` and `"nan"` ([`lenient_f64`]),
+/// so that such a value reaches validation and is reported as a [`ParamError`] naming the
+/// field. `seed` is a u64, exact above 2^53. `logprobs_kind` is `"processed"` (default) or
+/// `"raw"`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum ProcessorConfig {
+    /// [`AllowedTokenIds`].
+    AllowedTokenIds {
+        /// The allowed ids.
+        ids: Vec<u32>,
+    },
+    /// [`BadWords`].
+    BadWords {
+        /// The banned sequences.
+        words: Vec<Vec<u32>>,
+    },
+    /// [`MinTokens`].
+    MinTokens {
+        /// Stop ids are banned until this many tokens were generated.
+        min_tokens: usize,
+    },
+    /// [`LogitBias`].
+    LogitBias {
+        /// Bias by token id (JSON keys are the ids as strings).
+        #[serde(with = "lenient_f64_map")]
+        bias: BTreeMap<u32, f64>,
+    },
+    /// [`RepetitionPenalty`].
+    RepetitionPenalty {
+        /// `r > 0`.
+        #[serde(with = "lenient_f64")]
+        penalty: f64,
+    },
+    /// [`FrequencyPresencePenalty::frequency`].
+    FrequencyPenalty {
+        /// In `[-2, 2]`.
+        #[serde(with = "lenient_f64")]
+        penalty: f64,
+    },
+    /// [`FrequencyPresencePenalty::presence`].
+    PresencePenalty {
+        /// In `[-2, 2]`.
+        #[serde(with = "lenient_f64")]
+        penalty: f64,
+    },
+    /// [`Temperature`].
+    Temperature {
+        /// `T >= 1e-5`.
+        #[serde(with = "lenient_f64")]
+        t: f64,
+    },
+    /// [`MinP`].
+    MinP {
+        /// In `[0, 1]`.
+        #[serde(with = "lenient_f64")]
+        p: f64,
+    },
+    /// [`TopK`].
+    TopK {
+        /// `>= -1`; 0 and -1 are off.
+        k: i64,
+    },
+    /// [`TopP`].
+    TopP {
+        /// In `(0, 1]`.
+        #[serde(with = "lenient_f64")]
+        p: f64,
+    },
+    // [catalogue: constraints and penalties (constraints.rs, penalties.rs)]
+    //
+    // [catalogue: temperature and entropy, filters (temperature.rs, filters.rs)]
+    //
+    // [catalogue: repetition avoidance (repetition.rs)]
+    //
+    // [catalogue: stochastic (stochastic.rs)]
+    //
+    /// [`Selection::Greedy`].
+    Greedy {
+        /// Copies of the token (default 1).
+        #[serde(default = "one", skip_serializing_if = "is_one")]
+        n: usize,
+        /// Top log-probabilities to report (default none).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        logprobs: Option<usize>,
+        /// `"processed"` (default) or `"raw"`.
+        #[serde(
+            default,
+            with = "logprobs_kind_serde",
+            skip_serializing_if = "is_processed"
+        )]
+        logprobs_kind: LogprobsKind,
+    },
+    /// [`Selection::Sample`].
+    Sample {
+        /// The stream's seed (default: drawn from the OS on every call).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seed: Option<u64>,
+        /// Samples per row (default 1).
+        #[serde(default = "one", skip_serializing_if = "is_one")]
+        n: usize,
+        /// Top log-probabilities to report (default none).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        logprobs: Option<usize>,
+        /// `"processed"` (default) or `"raw"`.
+        #[serde(
+            default,
+            with = "logprobs_kind_serde",
+            skip_serializing_if = "is_processed"
+        )]
+        logprobs_kind: LogprobsKind,
+    },
+}
+
+fn one() -> usize {
+    1
+}
+
+fn is_one(n: &usize) -> bool {
+    *n == 1
+}
+
+fn is_processed(kind: &LogprobsKind) -> bool {
+    *kind == LogprobsKind::Processed
+}
+
+impl ProcessorConfig {
+    /// The entry's name, as in JSON (`"top_k"`, `"sample"`, ...).
+    pub fn name(&self) -> &'static str {
+        match self {
+            ProcessorConfig::AllowedTokenIds { .. } => "allowed_token_ids",
+            ProcessorConfig::BadWords { .. } => "bad_words",
+            ProcessorConfig::MinTokens { .. } => "min_tokens",
+            ProcessorConfig::LogitBias { .. } => "logit_bias",
+            ProcessorConfig::RepetitionPenalty { .. } => "repetition_penalty",
+            ProcessorConfig::FrequencyPenalty { .. } => "frequency_penalty",
+            ProcessorConfig::PresencePenalty { .. } => "presence_penalty",
+            ProcessorConfig::Temperature { .. } => "temperature",
+            ProcessorConfig::MinP { .. } => "min_p",
+            ProcessorConfig::TopK { .. } => "top_k",
+            ProcessorConfig::TopP { .. } => "top_p",
+            // [catalogue: constraints and penalties (constraints.rs, penalties.rs)]
+            //
+            // [catalogue: temperature and entropy, filters (temperature.rs, filters.rs)]
+            //
+            // [catalogue: repetition avoidance (repetition.rs)]
+            //
+            // [catalogue: stochastic (stochastic.rs)]
+            //
+            ProcessorConfig::Greedy { .. } => "greedy",
+            ProcessorConfig::Sample { .. } => "sample",
+        }
+    }
+
+    /// Whether this is a selection step (`sample` or `greedy`).
+    pub fn is_selection(&self) -> bool {
+        matches!(
+            self,
+            ProcessorConfig::Greedy { .. } | ProcessorConfig::Sample { .. }
+        )
+    }
+
+    /// The selection step, for `sample` and `greedy` entries (not validated; see
+    /// [`Selection::validate`]).
+    pub fn to_selection(&self) -> Option<Selection> {
+        match *self {
+            ProcessorConfig::Greedy {
+                n,
+                logprobs,
+                logprobs_kind,
+            } => Some(Selection::Greedy {
+                n,
+                logprobs,
+                logprobs_kind,
+            }),
+            ProcessorConfig::Sample {
+                seed,
+                n,
+                logprobs,
+                logprobs_kind,
+            } => Some(Selection::Sample {
+                seed,
+                n,
+                logprobs,
+                logprobs_kind,
+            }),
+            _ => None,
+        }
+    }
+
+    /// The processor, validated; `None` for a selection step.
+    ///
+    /// # Errors
+    /// The processor's [`ParamError`] (see each processor's `new`).
+    pub fn to_processor(&self) -> Result<Option<Box<dyn LogitsProcessor>>, ParamError> {
+        let p: Box<dyn LogitsProcessor> = match self {
+            ProcessorConfig::AllowedTokenIds { ids } => {
+                Box::new(AllowedTokenIds::new(ids.clone())?)
+            }
+            ProcessorConfig::BadWords { words } => Box::new(BadWords::new(words.clone())?),
+            ProcessorConfig::MinTokens { min_tokens } => Box::new(MinTokens::new(*min_tokens)),
+            ProcessorConfig::LogitBias { bias } => Box::new(LogitBias::new(bias.clone())?),
+            ProcessorConfig::RepetitionPenalty { penalty } => {
+                Box::new(RepetitionPenalty::new(*penalty)?)
+            }
+            ProcessorConfig::FrequencyPenalty { penalty } => {
+                Box::new(FrequencyPresencePenalty::frequency(*penalty)?)
+            }
+            ProcessorConfig::PresencePenalty { penalty } => {
+                Box::new(FrequencyPresencePenalty::presence(*penalty)?)
+            }
+            ProcessorConfig::Temperature { t } => Box::new(Temperature::new(*t)?),
+            ProcessorConfig::MinP { p } => Box::new(MinP::new(*p)?),
+            ProcessorConfig::TopK { k } => Box::new(TopK::new(*k)?),
+            ProcessorConfig::TopP { p } => Box::new(TopP::new(*p)?),
+            // [catalogue: constraints and penalties (constraints.rs, penalties.rs)]
+            //
+            // [catalogue: temperature and entropy, filters (temperature.rs, filters.rs)]
+            //
+            // [catalogue: repetition avoidance (repetition.rs)]
+            //
+            // [catalogue: stochastic (stochastic.rs)]
+            //
+            ProcessorConfig::Greedy { .. } | ProcessorConfig::Sample { .. } => return Ok(None),
+        };
+        Ok(Some(p))
+    }
+}
+
+/// Serde helpers for an f64 that may also be written as the strings `"inf"` (or `"+inf"`,
+/// `"infinity"`), `"-inf"` (`"-infinity"`) or `"nan"`, case-insensitive: JSON has no
+/// non-finite numbers, and a configuration should reach validation with such a value (a
+/// [`ParamError`] naming the field) instead of failing to parse. Finite values serialise as
+/// numbers, non-finite ones as those strings.
+///
+/// Use with `#[serde(with = "nucleus_sampling::chain::lenient_f64")]`, or
+/// `deserialize_with = "nucleus_sampling::chain::lenient_f64::deserialize"`.
+pub mod lenient_f64 {
+    use serde::de::{self, Visitor};
+    use serde::{Deserializer, Serializer};
+    use std::fmt;
+
+    /// Writes a finite value as a number, a non-finite one as `"inf"`, `"-inf"` or `"nan"`.
+    ///
+    /// # Errors
+    /// The serializer's.
+    pub fn serialize<S: Serializer>(value: &f64, serializer: S) -> Result<S::Ok, S::Error> {
+        if value.is_finite() {
+            serializer.serialize_f64(*value)
+        } else if value.is_nan() {
+            serializer.serialize_str("nan")
+        } else if *value > 0.0 {
+            serializer.serialize_str("inf")
+        } else {
+            serializer.serialize_str("-inf")
+        }
+    }
+
+    /// Reads a number (integer or float) or one of the strings above.
+    ///
+    /// # Errors
+    /// Any other string or type (a serde error).
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<f64, D::Error> {
+        deserializer.deserialize_any(LenientVisitor)
+    }
+
+    struct LenientVisitor;
+
+    impl Visitor<'_> for LenientVisitor {
+        type Value = f64;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a number, or one of the strings \"inf\", \"-inf\", \"nan\"")
+        }
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<f64, E> {
+            Ok(v)
+        }
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<f64, E> {
+            Ok(v as f64)
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<f64, E> {
+            Ok(v as f64)
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<f64, E> {
+            match v.trim().to_ascii_lowercase().as_str() {
+                "inf" | "+inf" | "infinity" | "+infinity" => Ok(f64::INFINITY),
+                "-inf" | "-infinity" => Ok(f64::NEG_INFINITY),
+                "nan" | "+nan" | "-nan" => Ok(f64::NAN),
+                _ => Err(E::invalid_value(de::Unexpected::Str(v), &self)),
+            }
+        }
+    }
+}
+
+/// An f64 that (de)serialises through [`lenient_f64`]: for containers such as
+/// `Option<LenientF64>` or maps.
+#[derive(Clone, Copy, Debug, PartialEq, PartialOrd, Default)]
+pub struct LenientF64(pub f64);
+
+impl Serialize for LenientF64 {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        lenient_f64::serialize(&self.0, serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for LenientF64 {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        lenient_f64::deserialize(deserializer).map(LenientF64)
+    }
+}
+
+/// [`lenient_f64`] for the values of a `BTreeMap<u32, f64>` (the `logit_bias` map; JSON keys
+/// are the ids as strings). Use with `#[serde(with = "nucleus_sampling::chain::lenient_f64_map")]`.
+pub mod lenient_f64_map {
+    use super::LenientF64;
+    use serde::{Deserializer, Serialize, Serializer};
+    use std::collections::BTreeMap;
+
+    /// Writes the map with [`super::lenient_f64`] values.
+    ///
+    /// # Errors
+    /// The serializer's.
+    pub fn serialize<S: Serializer>(
+        map: &BTreeMap<u32, f64>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        let wrapped: BTreeMap<u32, LenientF64> =
+            map.iter().map(|(&k, &v)| (k, LenientF64(v))).collect();
+        wrapped.serialize(serializer)
+    }
+
+    /// Reads the map with [`super::lenient_f64`] values.
+    ///
+    /// # Errors
+    /// A key that is not a u32, a token id given twice (never silently one of them), or a
+    /// value [`super::lenient_f64::deserialize`] rejects.
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<BTreeMap<u32, f64>, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = BTreeMap<u32, f64>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object of token id -> bias")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut access: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut map = BTreeMap::new();
+                while let Some((id, bias)) = access.next_entry::<u32, LenientF64>()? {
+                    if map.insert(id, bias.0).is_some() {
+                        return Err(serde::de::Error::custom(format!(
+                            "token id {id} appears more than once"
+                        )));
+                    }
+                }
+                Ok(map)
+            }
+        }
+        deserializer.deserialize_map(Visitor)
+    }
+}
+
+/// [`LogprobsKind`] as `"processed"` / `"raw"`.
+mod logprobs_kind_serde {
+    use crate::params::LogprobsKind;
+    use serde::de::{self, Deserialize, Deserializer};
+    use serde::Serializer;
+
+    pub fn serialize<S: Serializer>(kind: &LogprobsKind, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(kind.as_str())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<LogprobsKind, D::Error> {
+        let s = std::borrow::Cow::<'de, str>::deserialize(d)?;
+        match &*s {
+            "processed" => Ok(LogprobsKind::Processed),
+            "raw" => Ok(LogprobsKind::Raw),
+            other => Err(de::Error::unknown_variant(other, &["processed", "raw"])),
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! Repetition avoidance: DRY (llama.cpp) and no-repeat-n-gram (Hugging Face).

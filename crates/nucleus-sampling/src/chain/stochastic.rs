@@ -1,0 +1,1 @@
+//! Stochastic processors: XTC, mirostat v1 and v2, adaptive-p (llama.cpp).
