@@ -130,6 +130,68 @@ pub struct GenerateArgs {
     /// Subtracted from the logit of a token once per time it was generated (-2 to 2; OpenAI's).
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub frequency_penalty: f64,
+    /// Locally typical sampling's mass (llama.cpp `typical`; 1: off).
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    pub typical_p: f64,
+    /// Top-n-sigma: keep logits at least max - N standard deviations (llama.cpp; <= 0: off).
+    #[arg(long, default_value_t = -1.0, allow_negative_numbers = true)]
+    pub top_n_sigma: f64,
+    /// Epsilon sampling: remove tokens below this probability (Hugging Face; 0: off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub epsilon_cutoff: f64,
+    /// Eta sampling's epsilon (Hugging Face; 0: off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub eta_cutoff: f64,
+    /// XTC: with probability --xtc-probability, remove every token above this probability but
+    /// the least likely of them (llama.cpp; above 0.5: off).
+    #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
+    pub xtc_threshold: f64,
+    /// XTC's probability (0: off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub xtc_probability: f64,
+    /// The fewest tokens every filter keeps (Hugging Face's min_tokens_to_keep).
+    #[arg(long, default_value_t = 1)]
+    pub min_keep: usize,
+    /// Dynamic temperature: the temperature ranges over [T - R, T + R] by the entropy of the
+    /// distribution (llama.cpp; 0: off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub dynatemp_range: f64,
+    /// Dynamic temperature's exponent.
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    pub dynatemp_exponent: f64,
+    /// Mirostat: 0 off, 1 or 2 (llama.cpp); replaces min-p, top-k, top-p and the other filters.
+    #[arg(long, default_value_t = 0)]
+    pub mirostat: u8,
+    /// Mirostat's target surprise (tau).
+    #[arg(long, default_value_t = 5.0, allow_negative_numbers = true)]
+    pub mirostat_tau: f64,
+    /// Mirostat's learning rate (eta).
+    #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
+    pub mirostat_eta: f64,
+    /// DRY ("don't repeat yourself") multiplier (llama.cpp; 0: off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub dry_multiplier: f64,
+    /// DRY's base.
+    #[arg(long, default_value_t = 1.75, allow_negative_numbers = true)]
+    pub dry_base: f64,
+    /// DRY: repeats up to this many tokens long are not penalised.
+    #[arg(long, default_value_t = 2)]
+    pub dry_allowed_length: usize,
+    /// DRY: how many of the last tokens are scanned (-1: all, 0: off).
+    #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+    pub dry_penalty_last_n: i64,
+    /// DRY sequence breaker, a string resolved with the model's tokenizer as llama.cpp does
+    /// (repeatable; default "\n", ":", "\"", "*"; `--dry-sequence-breaker none` for none).
+    #[arg(long, value_name = "TEXT", allow_hyphen_values = true)]
+    pub dry_sequence_breaker: Vec<String>,
+    /// Ban any token that would repeat an n-gram of this size from the prompt or the
+    /// completion (Hugging Face's no_repeat_ngram_size; 0: off).
+    #[arg(long, default_value_t = 0)]
+    pub no_repeat_ngram_size: usize,
+    /// Add BIAS to the last token of the sequence IDS (comma-separated ids) when the sequence
+    /// so far ends with the others (repeatable; Hugging Face's sequence_bias).
+    #[arg(long, value_name = "IDS=BIAS", value_parser = parse_sequence_bias, allow_hyphen_values = true)]
+    pub sequence_bias: Vec<(Vec<u32>, f64)>,
     /// Add BIAS to the logit of token ID (repeatable; clamped to [-100, 100] as OpenAI does).
     #[arg(long, value_name = "ID=BIAS", value_parser = parse_logit_bias, allow_hyphen_values = true)]
     pub logit_bias: Vec<(u32, f64)>,
@@ -194,6 +256,29 @@ pub struct GenerateArgs {
     /// `--threads`.
     #[command(flatten)]
     pub threads: crate::threads::Threads,
+}
+
+/// `IDS=BIAS` of `--sequence-bias`: comma-separated token ids, `=`, a number.
+fn parse_sequence_bias(s: &str) -> std::result::Result<(Vec<u32>, f64), String> {
+    let (ids, bias) = s
+        .rsplit_once('=')
+        .ok_or_else(|| format!("`{s}`: expected IDS=BIAS, e.g. 12,7=-2.5"))?;
+    let ids = ids
+        .split(',')
+        .map(|t| {
+            t.trim()
+                .parse::<u32>()
+                .map_err(|e| format!("`{s}`: token id `{t}`: {e}"))
+        })
+        .collect::<std::result::Result<Vec<u32>, String>>()?;
+    let bias: f64 = bias
+        .trim()
+        .parse()
+        .map_err(|e| format!("`{s}`: bias `{bias}`: {e}"))?;
+    if !bias.is_finite() {
+        return Err(format!("`{s}`: the bias must be finite"));
+    }
+    Ok((ids, bias))
 }
 
 /// `ID=BIAS` of `--logit-bias`.
@@ -609,6 +694,24 @@ fn sampling_params(
             LogprobsMode::Raw => LogprobsKind::Raw,
             LogprobsMode::Processed => LogprobsKind::Processed,
         },
+        typical_p: args.typical_p,
+        top_n_sigma: args.top_n_sigma,
+        epsilon_cutoff: args.epsilon_cutoff,
+        eta_cutoff: args.eta_cutoff,
+        xtc_threshold: args.xtc_threshold,
+        xtc_probability: args.xtc_probability,
+        min_keep: args.min_keep,
+        dynatemp_range: args.dynatemp_range,
+        dynatemp_exponent: args.dynatemp_exponent,
+        mirostat: args.mirostat,
+        mirostat_tau: args.mirostat_tau,
+        mirostat_eta: args.mirostat_eta,
+        dry_multiplier: args.dry_multiplier,
+        dry_base: args.dry_base,
+        dry_allowed_length: args.dry_allowed_length,
+        dry_penalty_last_n: args.dry_penalty_last_n,
+        no_repeat_ngram_size: args.no_repeat_ngram_size,
+        sequence_bias: args.sequence_bias.clone(),
         ..base
     };
     let max_tokens = pick(

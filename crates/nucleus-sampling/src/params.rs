@@ -22,10 +22,16 @@ pub const GREEDY_TEMPERATURE: f64 = 1e-5;
 /// params.validate().unwrap();
 /// ```
 ///
-/// The order in which the parameters act is fixed (spec/sampling.md, "Order of operations"):
-/// hard constraints (`allowed_token_ids`, `bad_words`, `min_tokens`), `logit_bias`,
-/// repetition penalty, frequency and presence penalties, temperature (or greedy), `min_p`,
-/// `top_k`, `top_p`, then selection.
+/// The order in which the parameters act is fixed (spec/sampling.md, "Order of operations"
+/// and "Extended processors in the fixed path"): hard constraints (`allowed_token_ids`,
+/// `bad_words`, `min_tokens`), `logit_bias`, 4a `sequence_bias`, repetition penalty,
+/// frequency and presence penalties, 5a DRY, 5b `no_repeat_ngram_size`, temperature (or
+/// greedy; the dynamic temperature replaces it when `dynatemp_range > 0`), `min_p`, `top_k`,
+/// `top_p`, 10a `typical_p`, 10b `top_n_sigma`, 10c `epsilon_cutoff`, 10d `eta_cutoff`,
+/// 10e XTC, then selection; `mirostat` 1 or 2 replaces `min_p` through selection. `min_keep`
+/// applies to every filter from `min_p` to XTC. Requests that use none of the extended fields
+/// run on the fused fast path; the others on the equivalent processor chain
+/// ([`crate::SamplerChain::from_params`]), with the same results.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplingParams {
     /// Softmax temperature, `>= 0`. Below [`GREEDY_TEMPERATURE`] (1e-5, so 0 included) the
@@ -82,6 +88,67 @@ pub struct SamplingParams {
     /// Which distribution [`Self::logprobs`] reports: the raw logits' log-softmax (spec step 2)
     /// or the processed distribution that selection draws from. Default processed.
     pub logprobs_kind: LogprobsKind,
+
+    // --- Extended processors (spec/sampling.md, "Extended processors in the fixed path") ---
+    /// Step 4a, multi-token biases (Hugging Face's `SequenceBiasLogitsProcessor`, chain entry
+    /// `sequence_bias`): `(sequence, bias)`; a one-token sequence's bias is always added, a
+    /// longer one's is added to its last token when prompt + generated ids end with the rest.
+    /// Sequences must be non-empty, biases finite. Default empty.
+    pub sequence_bias: Vec<(Vec<u32>, f64)>,
+    /// Step 5a, DRY's multiplier (llama.cpp's `dry_multiplier`, chain entry `dry`): `>= 0`,
+    /// finite; 0 is off. Default 0.
+    pub dry_multiplier: f64,
+    /// DRY's base (`dry_base`): finite, `>= 1`. Default 1.75.
+    pub dry_base: f64,
+    /// DRY's allowed length (`dry_allowed_length`): repeats up to this long are not penalised.
+    /// Default 2.
+    pub dry_allowed_length: usize,
+    /// DRY's window (`dry_penalty_last_n`): how many of the last tokens (prompt included) are
+    /// scanned; -1 the whole sequence, 0 off. `>= -1`. Default -1.
+    pub dry_penalty_last_n: i64,
+    /// DRY's sequence breakers as token-id sequences (`dry_sequence_breakers`; a caller with a
+    /// tokenizer resolves llama.cpp's strings, default `["\n", ":", "\"", "*"]`, with
+    /// [`crate::chain::resolve_sequence_breakers`]). Sequences must be non-empty. Default empty.
+    pub dry_sequence_breakers: Vec<Vec<u32>>,
+    /// Step 5b, Hugging Face's `no_repeat_ngram_size` (chain entry `no_repeat_ngram`): a token
+    /// that would complete an n-gram already in prompt + generated ids is banned. 0 is off.
+    /// Default 0.
+    pub no_repeat_ngram_size: usize,
+    /// Step 7, dynamic temperature (llama.cpp `temp_ext`, chain entry `dynatemp`): when `> 0`
+    /// the temperature is taken from `[max(0, T - range), T + range]` by the normalised entropy
+    /// of the row. Finite, `>= 0`; 0 is off. Default 0.
+    pub dynatemp_range: f64,
+    /// The exponent of the dynamic temperature's entropy mapping (`dynatemp_exponent`):
+    /// finite, `>= 0`. Default 1.
+    pub dynatemp_exponent: f64,
+    /// Step 10a, locally typical sampling (`typical_p`; llama.cpp `typical`): `(0, 1]`; 1 is off.
+    /// Default 1.
+    pub typical_p: f64,
+    /// Step 10b, top-n-sigma (`top_n_sigma`; llama.cpp): keep logits `>= max - n * std`.
+    /// Finite; `<= 0` is off (llama.cpp's default -1). Default -1.
+    pub top_n_sigma: f64,
+    /// Step 10c, epsilon sampling (Hugging Face's `epsilon_cutoff`): remove tokens with
+    /// probability below it. `[0, 1)`; 0 is off. Default 0.
+    pub epsilon_cutoff: f64,
+    /// Step 10d, eta sampling (Hugging Face's `eta_cutoff`): `[0, 1)`; 0 is off. Default 0.
+    pub eta_cutoff: f64,
+    /// Step 10e, XTC's threshold (llama.cpp's `xtc_threshold`): `[0, 1]`; above 0.5 XTC does
+    /// nothing (llama.cpp). Default 0.1.
+    pub xtc_threshold: f64,
+    /// XTC's probability (`xtc_probability`): `[0, 1]`; 0 is off. Its coin is drawn from the
+    /// request's stream with counter word 3 = 1. Default 0.
+    pub xtc_probability: f64,
+    /// The fewest tokens every filter of steps 8-10e keeps (Hugging Face's
+    /// `min_tokens_to_keep`, llama.cpp's `min_keep`): `>= 1`. Default 1.
+    pub min_keep: usize,
+    /// Mirostat (llama.cpp's `mirostat`): 0 off, 1 (Basu et al. 2021, v1) or 2 (v2). When on it
+    /// replaces steps 8-11 (mirostat is the selection), its `mu` carried per request
+    /// ([`crate::SampleRequest::mirostat_mu`], [`crate::SampleOutput::mirostat_mu`]). Default 0.
+    pub mirostat: u8,
+    /// Mirostat's target surprise (`mirostat_tau`): finite, `>= 0`. Default 5.
+    pub mirostat_tau: f64,
+    /// Mirostat's learning rate (`mirostat_eta`): finite, `>= 0`. Default 0.1.
+    pub mirostat_eta: f64,
 }
 
 /// The most samples one row may draw ([`SamplingParams::n`]).
@@ -127,6 +194,25 @@ impl Default for SamplingParams {
             n: 1,
             logprobs: None,
             logprobs_kind: LogprobsKind::Processed,
+            sequence_bias: Vec::new(),
+            dry_multiplier: 0.0,
+            dry_base: 1.75,
+            dry_allowed_length: 2,
+            dry_penalty_last_n: -1,
+            dry_sequence_breakers: Vec::new(),
+            no_repeat_ngram_size: 0,
+            dynatemp_range: 0.0,
+            dynatemp_exponent: 1.0,
+            typical_p: 1.0,
+            top_n_sigma: -1.0,
+            epsilon_cutoff: 0.0,
+            eta_cutoff: 0.0,
+            xtc_threshold: 0.1,
+            xtc_probability: 0.0,
+            min_keep: 1,
+            mirostat: 0,
+            mirostat_tau: 5.0,
+            mirostat_eta: 0.1,
         }
     }
 }
@@ -210,7 +296,133 @@ impl SamplingParams {
         if !(1..=MAX_N).contains(&self.n) {
             return Err(ParamError::new("n", self.n, "1..=1024"));
         }
+        self.validate_extended()
+    }
+
+    /// The ranges of the extended fields (spec/sampling.md, "Extended processors").
+    fn validate_extended(&self) -> Result<(), ParamError> {
+        if let Some((seq, bias)) = self
+            .sequence_bias
+            .iter()
+            .find(|(seq, bias)| seq.is_empty() || !bias.is_finite())
+        {
+            return Err(ParamError::new(
+                "sequence_bias",
+                format!("{bias} for {seq:?}"),
+                "non-empty token sequences with finite biases",
+            ));
+        }
+        let finite_at_least = |field: &'static str, v: f64, lo: f64, range: &'static str| {
+            if v.is_finite() && v >= lo {
+                Ok(())
+            } else {
+                Err(ParamError::new(field, v, range))
+            }
+        };
+        finite_at_least(
+            "dry_multiplier",
+            self.dry_multiplier,
+            0.0,
+            "a finite number >= 0 (0 disables DRY)",
+        )?;
+        finite_at_least("dry_base", self.dry_base, 1.0, "a finite number >= 1")?;
+        if self.dry_penalty_last_n < -1 {
+            return Err(ParamError::new(
+                "dry_penalty_last_n",
+                self.dry_penalty_last_n,
+                ">= -1 (-1: the whole sequence, 0: off)",
+            ));
+        }
+        if self.dry_sequence_breakers.iter().any(Vec::is_empty) {
+            return Err(ParamError::new(
+                "dry_sequence_breakers",
+                "an empty sequence",
+                "non-empty token sequences",
+            ));
+        }
+        finite_at_least(
+            "dynatemp_range",
+            self.dynatemp_range,
+            0.0,
+            "a finite number >= 0 (0 disables it)",
+        )?;
+        finite_at_least(
+            "dynatemp_exponent",
+            self.dynatemp_exponent,
+            0.0,
+            "a finite number >= 0",
+        )?;
+        if !(self.typical_p > 0.0 && self.typical_p <= 1.0) {
+            return Err(ParamError::new("typical_p", self.typical_p, "(0, 1]"));
+        }
+        if !self.top_n_sigma.is_finite() {
+            return Err(ParamError::new(
+                "top_n_sigma",
+                self.top_n_sigma,
+                "a finite number (<= 0 disables it)",
+            ));
+        }
+        for (field, v) in [
+            ("epsilon_cutoff", self.epsilon_cutoff),
+            ("eta_cutoff", self.eta_cutoff),
+        ] {
+            if !(0.0..1.0).contains(&v) {
+                return Err(ParamError::new(field, v, "[0, 1) (0 disables it)"));
+            }
+        }
+        for (field, v) in [
+            ("xtc_threshold", self.xtc_threshold),
+            ("xtc_probability", self.xtc_probability),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                return Err(ParamError::new(field, v, "[0, 1]"));
+            }
+        }
+        if self.min_keep == 0 {
+            return Err(ParamError::new("min_keep", 0, ">= 1"));
+        }
+        if self.mirostat > 2 {
+            return Err(ParamError::new(
+                "mirostat",
+                self.mirostat,
+                "0 (off), 1 or 2",
+            ));
+        }
+        finite_at_least(
+            "mirostat_tau",
+            self.mirostat_tau,
+            0.0,
+            "a finite number >= 0",
+        )?;
+        finite_at_least(
+            "mirostat_eta",
+            self.mirostat_eta,
+            0.0,
+            "a finite number >= 0",
+        )?;
         Ok(())
+    }
+
+    /// Whether any extended field (spec/sampling.md, "Extended processors in the fixed path")
+    /// is on, or `min_keep > 1`: such requests run on the processor chain
+    /// ([`crate::SamplerChain::from_params`]) instead of the fused fast path.
+    pub fn uses_extended(&self) -> bool {
+        !self.sequence_bias.is_empty()
+            || self.dry_enabled()
+            || self.no_repeat_ngram_size > 0
+            || self.dynatemp_range > 0.0
+            || self.typical_p < 1.0
+            || self.top_n_sigma > 0.0
+            || self.epsilon_cutoff > 0.0
+            || self.eta_cutoff > 0.0
+            || (self.xtc_probability > 0.0 && self.xtc_threshold <= 0.5)
+            || self.min_keep > 1
+            || self.mirostat != 0
+    }
+
+    /// Whether DRY acts: a multiplier above 0 and a window that is not 0.
+    pub(crate) fn dry_enabled(&self) -> bool {
+        self.dry_multiplier > 0.0 && self.dry_penalty_last_n != 0
     }
 
     /// The token ids these parameters name (logit_bias keys, allowed ids, bad words), for a
@@ -223,6 +435,16 @@ impl SamplingParams {
             .flatten()
             .map(|&id| ("allowed_token_ids", id));
         let bad = self.bad_words.iter().flatten().map(|&id| ("bad_words", id));
-        bias.chain(allowed).chain(bad)
+        let seq = self
+            .sequence_bias
+            .iter()
+            .flat_map(|(s, _)| s)
+            .map(|&id| ("sequence_bias", id));
+        let breakers = self
+            .dry_sequence_breakers
+            .iter()
+            .flatten()
+            .map(|&id| ("dry_sequence_breakers", id));
+        bias.chain(allowed).chain(bad).chain(seq).chain(breakers)
     }
 }

@@ -250,6 +250,25 @@ pub struct ParamsInput {
     n: Option<usize>,
     logprobs: Option<usize>,
     logprobs_kind: Option<KindInput>,
+    sequence_bias: Option<Vec<(Vec<u32>, Lenient)>>,
+    dry_multiplier: Option<Lenient>,
+    dry_base: Option<Lenient>,
+    dry_allowed_length: Option<usize>,
+    dry_penalty_last_n: Option<i64>,
+    dry_sequence_breakers: Option<Vec<Vec<u32>>>,
+    no_repeat_ngram_size: Option<usize>,
+    dynatemp_range: Option<Lenient>,
+    dynatemp_exponent: Option<Lenient>,
+    typical_p: Option<Lenient>,
+    top_n_sigma: Option<Lenient>,
+    epsilon_cutoff: Option<Lenient>,
+    eta_cutoff: Option<Lenient>,
+    xtc_threshold: Option<Lenient>,
+    xtc_probability: Option<Lenient>,
+    min_keep: Option<usize>,
+    mirostat: Option<u8>,
+    mirostat_tau: Option<Lenient>,
+    mirostat_eta: Option<Lenient>,
 }
 
 impl ParamsInput {
@@ -282,6 +301,29 @@ impl ParamsInput {
                 Some(KindInput::Raw) => LogprobsKind::Raw,
                 Some(KindInput::Processed) => LogprobsKind::Processed,
             },
+            sequence_bias: self.sequence_bias.as_ref().map_or_else(Vec::new, |v| {
+                v.iter()
+                    .map(|(ids, Lenient(b))| (ids.clone(), *b))
+                    .collect()
+            }),
+            dry_multiplier: f(self.dry_multiplier, d.dry_multiplier),
+            dry_base: f(self.dry_base, d.dry_base),
+            dry_allowed_length: self.dry_allowed_length.unwrap_or(d.dry_allowed_length),
+            dry_penalty_last_n: self.dry_penalty_last_n.unwrap_or(d.dry_penalty_last_n),
+            dry_sequence_breakers: self.dry_sequence_breakers.clone().unwrap_or_default(),
+            no_repeat_ngram_size: self.no_repeat_ngram_size.unwrap_or(d.no_repeat_ngram_size),
+            dynatemp_range: f(self.dynatemp_range, d.dynatemp_range),
+            dynatemp_exponent: f(self.dynatemp_exponent, d.dynatemp_exponent),
+            typical_p: f(self.typical_p, d.typical_p),
+            top_n_sigma: f(self.top_n_sigma, d.top_n_sigma),
+            epsilon_cutoff: f(self.epsilon_cutoff, d.epsilon_cutoff),
+            eta_cutoff: f(self.eta_cutoff, d.eta_cutoff),
+            xtc_threshold: f(self.xtc_threshold, d.xtc_threshold),
+            xtc_probability: f(self.xtc_probability, d.xtc_probability),
+            min_keep: self.min_keep.unwrap_or(d.min_keep),
+            mirostat: self.mirostat.unwrap_or(d.mirostat),
+            mirostat_tau: f(self.mirostat_tau, d.mirostat_tau),
+            mirostat_eta: f(self.mirostat_eta, d.mirostat_eta),
         }
     }
 }

@@ -205,6 +205,7 @@ impl From<SampleError> for RowError {
             SampleError::InvalidBitmask(_) => "invalid_bitmask",
             SampleError::InvalidParams(_) => "invalid_params",
             SampleError::PenaltyOverflow { .. } => "penalty_overflow",
+            SampleError::ProcessorOverflow { .. } => "processor_overflow",
             SampleError::SeedUnavailable(_) => "seed_unavailable",
             SampleError::TokenIdOutOfRange { .. } => "token_id_out_of_range",
         };
