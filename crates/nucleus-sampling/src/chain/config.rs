@@ -52,6 +52,9 @@ pub enum ChainError {
 /// | `{"min_p": {"p": 0.05}}` | [`MinP`] | `[0, 1]` |
 /// | `{"top_k": {"k": 50}}` | [`TopK`] | `>= -1` |
 /// | `{"top_p": {"p": 0.9}}` | [`TopP`] | `(0, 1]` |
+/// | `{"dry": {"multiplier": 0.8, "base": 1.75, "allowed_length": 2, "penalty_last_n": -1, "sequence_breakers": [[13], [25, 7]]}}` | [`Dry`] (all fields optional: multiplier 0 = off, base 1.75, allowed_length 2, penalty_last_n -1 = whole history, no breakers) | multiplier finite `>= 0`, base finite `>= 1`, allowed_length `>= 0`, penalty_last_n `>= -1`, breakers 1 to 21 ids |
+/// | `{"no_repeat_ngram": {"ngram_size": 3}}` | [`NoRepeatNGram`] | `> 0` |
+/// | `{"encoder_no_repeat_ngram": {"encoder_ngram_size": 3}}` | [`EncoderNoRepeatNGram`] (the prompt's n-grams) | `> 0` |
 /// | `{"greedy": {}}` | [`Selection::Greedy`] (optional `n`, `logprobs`, `logprobs_kind`) | |
 /// | `{"sample": {"seed": 42, "n": 1, "logprobs": 5, "logprobs_kind": "raw"}}` | [`Selection::Sample`] (all optional) | `n` in `1..=1024` |
 ///
@@ -130,6 +133,39 @@ pub enum ProcessorConfig {
     //
     // [catalogue: repetition avoidance (repetition.rs)]
     //
+    /// [`Dry`]. Every field is optional (llama.cpp's defaults).
+    Dry {
+        /// Penalty scale, finite `>= 0`; 0 (the default) is off.
+        #[serde(default, with = "lenient_f64")]
+        multiplier: f64,
+        /// Growth per repeated token beyond `allowed_length`, finite `>= 1` (default 1.75).
+        #[serde(default = "super::repetition::dry_default_base", with = "lenient_f64")]
+        base: f64,
+        /// Repeats up to this length are free (default 2).
+        #[serde(default = "super::repetition::dry_default_allowed_length")]
+        allowed_length: i64,
+        /// How many of the last tokens are searched: -1 (default) the whole history, 0 off.
+        #[serde(default = "super::repetition::dry_default_penalty_last_n")]
+        penalty_last_n: i64,
+        /// Breakers as token-id sequences `[head, tail...]`. Absent: none here (the string
+        /// defaults need a tokenizer; a front end that has one resolves
+        /// [`DRY_DEFAULT_SEQUENCE_BREAKERS`] with [`resolve_sequence_breakers`] and fills this
+        /// in); `[]`: none.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sequence_breakers: Option<Vec<Vec<u32>>>,
+    },
+    /// [`NoRepeatNGram`].
+    #[serde(rename = "no_repeat_ngram")]
+    NoRepeatNGram {
+        /// `> 0`.
+        ngram_size: i64,
+    },
+    /// [`EncoderNoRepeatNGram`].
+    #[serde(rename = "encoder_no_repeat_ngram")]
+    EncoderNoRepeatNGram {
+        /// `> 0`.
+        encoder_ngram_size: i64,
+    },
     // [catalogue: stochastic (stochastic.rs)]
     //
     /// [`Selection::Greedy`].
@@ -202,6 +238,9 @@ impl ProcessorConfig {
             //
             // [catalogue: repetition avoidance (repetition.rs)]
             //
+            ProcessorConfig::Dry { .. } => "dry",
+            ProcessorConfig::NoRepeatNGram { .. } => "no_repeat_ngram",
+            ProcessorConfig::EncoderNoRepeatNGram { .. } => "encoder_no_repeat_ngram",
             // [catalogue: stochastic (stochastic.rs)]
             //
             ProcessorConfig::Greedy { .. } => "greedy",
@@ -276,6 +315,25 @@ impl ProcessorConfig {
             //
             // [catalogue: repetition avoidance (repetition.rs)]
             //
+            ProcessorConfig::Dry {
+                multiplier,
+                base,
+                allowed_length,
+                penalty_last_n,
+                sequence_breakers,
+            } => Box::new(Dry::new(
+                *multiplier,
+                *base,
+                *allowed_length,
+                *penalty_last_n,
+                sequence_breakers.clone().unwrap_or_default(),
+            )?),
+            ProcessorConfig::NoRepeatNGram { ngram_size } => {
+                Box::new(NoRepeatNGram::new(*ngram_size)?)
+            }
+            ProcessorConfig::EncoderNoRepeatNGram { encoder_ngram_size } => {
+                Box::new(EncoderNoRepeatNGram::new(*encoder_ngram_size)?)
+            }
             // [catalogue: stochastic (stochastic.rs)]
             //
             ProcessorConfig::Greedy { .. } | ProcessorConfig::Sample { .. } => return Ok(None),

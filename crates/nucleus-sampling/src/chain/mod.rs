@@ -70,6 +70,11 @@ pub use config::{lenient_f64, lenient_f64_map, ChainError, LenientF64, Processor
 pub use constraints::{AllowedTokenIds, BadWords, MinTokens};
 pub use filters::{MinP, TopK, TopP};
 pub use penalties::{FrequencyPresencePenalty, LogitBias, RepetitionPenalty};
+pub use repetition::{
+    resolve_sequence_breakers, Dry, EncoderNoRepeatNGram, NoRepeatNGram,
+    DRY_DEFAULT_ALLOWED_LENGTH, DRY_DEFAULT_BASE, DRY_DEFAULT_PENALTY_LAST_N,
+    DRY_DEFAULT_SEQUENCE_BREAKERS, DRY_MAX_BREAKERS, DRY_MAX_BREAKER_BYTES, DRY_MAX_BREAKER_TAIL,
+};
 pub use temperature::Temperature;
 
 // ---------------------------------------------------------------------------------------------
