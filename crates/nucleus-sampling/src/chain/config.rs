@@ -12,14 +12,14 @@ use crate::params::LogprobsKind;
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum ChainError {
     /// The list is empty, or its last entry is not a selection step.
-    #[error("a processor chain must end with a selection step (`sample` or `greedy`)")]
+    #[error("a processor chain must end with a selection step (`sample`, `greedy`, `mirostat`, `mirostat_v2` or `adaptive_p`)")]
     NoSelection,
     /// A selection step appears before the last entry.
     #[error("selection step `{name}` at index {index} must be the last entry of the chain")]
     SelectionNotLast {
         /// Its index in the list.
         index: usize,
-        /// `"sample"` or `"greedy"`.
+        /// `"sample"`, `"greedy"`, `"mirostat"`, `"mirostat_v2"` or `"adaptive_p"`.
         name: &'static str,
     },
     /// An entry's parameter is out of range.
@@ -55,6 +55,10 @@ pub enum ChainError {
 /// | `{"dry": {"multiplier": 0.8, "base": 1.75, "allowed_length": 2, "penalty_last_n": -1, "sequence_breakers": [[13], [25, 7]]}}` | [`Dry`] (all fields optional: multiplier 0 = off, base 1.75, allowed_length 2, penalty_last_n -1 = whole history, no breakers) | multiplier finite `>= 0`, base finite `>= 1`, allowed_length `>= 0`, penalty_last_n `>= -1`, breakers 1 to 21 ids |
 /// | `{"no_repeat_ngram": {"ngram_size": 3}}` | [`NoRepeatNGram`] | `> 0` |
 /// | `{"encoder_no_repeat_ngram": {"encoder_ngram_size": 3}}` | [`EncoderNoRepeatNGram`] (the prompt's n-grams) | `> 0` |
+/// | `{"xtc": {"threshold": 0.1, "probability": 0.5, "min_keep": 1}}` | [`Xtc`] (all optional: 0.1, 0, 1) | threshold `[0, 1]` (above 0.5 off), probability `[0, 1]` (0 off) |
+/// | `{"mirostat": {"tau": 5, "eta": 0.1, "m": 100, "seed": 42}}` | [`Selection::Mirostat`] (all optional: 5, 0.1, 100; also `n`, `logprobs`, `logprobs_kind`) | tau, eta finite `>= 0`; m `>= 2` |
+/// | `{"mirostat_v2": {"tau": 5, "eta": 0.1, "seed": 42}}` | [`Selection::MirostatV2`] (all optional: 5, 0.1; also `n`, `logprobs`, `logprobs_kind`) | tau, eta finite `>= 0` |
+/// | `{"adaptive_p": {"target": 0.5, "decay": 0.9, "seed": 42}}` | [`Selection::AdaptiveP`] (`target` required; decay 0.9; also `n`, `logprobs`, `logprobs_kind`) | target finite `<= 1` (negative off), decay `[0, 0.99]` |
 /// | `{"greedy": {}}` | [`Selection::Greedy`] (optional `n`, `logprobs`, `logprobs_kind`) | |
 /// | `{"sample": {"seed": 42, "n": 1, "logprobs": 5, "logprobs_kind": "raw"}}` | [`Selection::Sample`] (all optional) | `n` in `1..=1024` |
 ///
@@ -168,6 +172,114 @@ pub enum ProcessorConfig {
     },
     // [catalogue: stochastic (stochastic.rs)]
     //
+    /// [`Xtc`].
+    Xtc {
+        /// The probability a token must reach to be excluded (default 0.1).
+        #[serde(
+            default = "super::stochastic::defaults::xtc_threshold",
+            with = "lenient_f64"
+        )]
+        threshold: f64,
+        /// The chance per row that XTC applies (default 0: off).
+        #[serde(default, with = "lenient_f64")]
+        probability: f64,
+        /// The fewest candidates XTC leaves (default 1).
+        #[serde(default = "super::stochastic::defaults::min_keep")]
+        min_keep: usize,
+    },
+    /// [`Selection::Mirostat`].
+    Mirostat {
+        /// Target surprise in bits (default 5).
+        #[serde(
+            default = "super::stochastic::defaults::mirostat_tau",
+            with = "lenient_f64"
+        )]
+        tau: f64,
+        /// Learning rate (default 0.1).
+        #[serde(
+            default = "super::stochastic::defaults::mirostat_eta",
+            with = "lenient_f64"
+        )]
+        eta: f64,
+        /// Tokens in the estimate (default 100).
+        #[serde(default = "super::stochastic::defaults::mirostat_m")]
+        m: usize,
+        /// The stream's seed (default: drawn from the OS on every call).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seed: Option<u64>,
+        /// Samples per row (default 1).
+        #[serde(default = "one", skip_serializing_if = "is_one")]
+        n: usize,
+        /// Top log-probabilities to report (default none).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        logprobs: Option<usize>,
+        /// `"processed"` (default) or `"raw"`.
+        #[serde(
+            default,
+            with = "logprobs_kind_serde",
+            skip_serializing_if = "is_processed"
+        )]
+        logprobs_kind: LogprobsKind,
+    },
+    /// [`Selection::MirostatV2`].
+    MirostatV2 {
+        /// Target surprise in bits (default 5).
+        #[serde(
+            default = "super::stochastic::defaults::mirostat_tau",
+            with = "lenient_f64"
+        )]
+        tau: f64,
+        /// Learning rate (default 0.1).
+        #[serde(
+            default = "super::stochastic::defaults::mirostat_eta",
+            with = "lenient_f64"
+        )]
+        eta: f64,
+        /// The stream's seed (default: drawn from the OS on every call).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seed: Option<u64>,
+        /// Samples per row (default 1).
+        #[serde(default = "one", skip_serializing_if = "is_one")]
+        n: usize,
+        /// Top log-probabilities to report (default none).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        logprobs: Option<usize>,
+        /// `"processed"` (default) or `"raw"`.
+        #[serde(
+            default,
+            with = "logprobs_kind_serde",
+            skip_serializing_if = "is_processed"
+        )]
+        logprobs_kind: LogprobsKind,
+    },
+    /// [`Selection::AdaptiveP`].
+    AdaptiveP {
+        /// Target probability (required; negative disables the transform).
+        #[serde(with = "lenient_f64")]
+        target: f64,
+        /// Moving-average decay (default 0.9).
+        #[serde(
+            default = "super::stochastic::defaults::adaptive_decay",
+            with = "lenient_f64"
+        )]
+        decay: f64,
+        /// The stream's seed (default: drawn from the OS on every call).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seed: Option<u64>,
+        /// Samples per row (default 1).
+        #[serde(default = "one", skip_serializing_if = "is_one")]
+        n: usize,
+        /// Top log-probabilities to report (default none).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        logprobs: Option<usize>,
+        /// `"processed"` (default) or `"raw"`.
+        #[serde(
+            default,
+            with = "logprobs_kind_serde",
+            skip_serializing_if = "is_processed"
+        )]
+        logprobs_kind: LogprobsKind,
+    },
     /// [`Selection::Greedy`].
     Greedy {
         /// Copies of the token (default 1).
@@ -243,20 +355,29 @@ impl ProcessorConfig {
             ProcessorConfig::EncoderNoRepeatNGram { .. } => "encoder_no_repeat_ngram",
             // [catalogue: stochastic (stochastic.rs)]
             //
+            ProcessorConfig::Xtc { .. } => "xtc",
+            ProcessorConfig::Mirostat { .. } => "mirostat",
+            ProcessorConfig::MirostatV2 { .. } => "mirostat_v2",
+            ProcessorConfig::AdaptiveP { .. } => "adaptive_p",
             ProcessorConfig::Greedy { .. } => "greedy",
             ProcessorConfig::Sample { .. } => "sample",
         }
     }
 
-    /// Whether this is a selection step (`sample` or `greedy`).
+    /// Whether this is a selection step (`sample`, `greedy`, `mirostat`, `mirostat_v2`,
+    /// `adaptive_p`).
     pub fn is_selection(&self) -> bool {
         matches!(
             self,
-            ProcessorConfig::Greedy { .. } | ProcessorConfig::Sample { .. }
+            ProcessorConfig::Greedy { .. }
+                | ProcessorConfig::Sample { .. }
+                | ProcessorConfig::Mirostat { .. }
+                | ProcessorConfig::MirostatV2 { .. }
+                | ProcessorConfig::AdaptiveP { .. }
         )
     }
 
-    /// The selection step, for `sample` and `greedy` entries (not validated; see
+    /// The selection step, for the selection entries (not validated; see
     /// [`Selection::validate`]).
     pub fn to_selection(&self) -> Option<Selection> {
         match *self {
@@ -275,6 +396,53 @@ impl ProcessorConfig {
                 logprobs,
                 logprobs_kind,
             } => Some(Selection::Sample {
+                seed,
+                n,
+                logprobs,
+                logprobs_kind,
+            }),
+            ProcessorConfig::Mirostat {
+                tau,
+                eta,
+                m,
+                seed,
+                n,
+                logprobs,
+                logprobs_kind,
+            } => Some(Selection::Mirostat {
+                tau,
+                eta,
+                m,
+                seed,
+                n,
+                logprobs,
+                logprobs_kind,
+            }),
+            ProcessorConfig::MirostatV2 {
+                tau,
+                eta,
+                seed,
+                n,
+                logprobs,
+                logprobs_kind,
+            } => Some(Selection::MirostatV2 {
+                tau,
+                eta,
+                seed,
+                n,
+                logprobs,
+                logprobs_kind,
+            }),
+            ProcessorConfig::AdaptiveP {
+                target,
+                decay,
+                seed,
+                n,
+                logprobs,
+                logprobs_kind,
+            } => Some(Selection::AdaptiveP {
+                target,
+                decay,
                 seed,
                 n,
                 logprobs,
@@ -336,6 +504,14 @@ impl ProcessorConfig {
             }
             // [catalogue: stochastic (stochastic.rs)]
             //
+            ProcessorConfig::Xtc {
+                threshold,
+                probability,
+                min_keep,
+            } => Box::new(Xtc::new(*threshold, *probability, *min_keep)?),
+            ProcessorConfig::Mirostat { .. }
+            | ProcessorConfig::MirostatV2 { .. }
+            | ProcessorConfig::AdaptiveP { .. } => return Ok(None),
             ProcessorConfig::Greedy { .. } | ProcessorConfig::Sample { .. } => return Ok(None),
         };
         Ok(Some(p))

@@ -4,7 +4,8 @@
 //! / reset / clone).
 //!
 //! A [`SamplerChain`] is an ordered list of [`LogitsProcessor`]s followed by one
-//! [`Selection`] (sample or greedy). For one row of logits it
+//! [`Selection`] (sample, greedy, or llama.cpp's mirostat v1 / v2 and adaptive-p, whose
+//! per-request state the chain carries). For one row of logits it
 //! 1. checks the context ids and every processor's token ids against the vocabulary
 //!    ([`SampleError::TokenIdOutOfRange`]) and the row itself (a NaN or +inf logit is
 //!    [`SampleError::NonFiniteLogits`], spec/sampling.md step 1),
@@ -13,7 +14,8 @@
 //! 3. fails with [`SampleError::NoCandidates`] when every logit is `-inf` (step 12),
 //! 4. selects: greedy takes the argmax (ties to the lowest id); sample forms the weights
 //!    `exp(l - max)` in f32 and draws by inverse CDF in token-id order (step 11) with uniforms
-//!    from the request's Philox stream.
+//!    from the request's Philox stream; mirostat truncates those weights first, adaptive-p
+//!    transforms the row first ([`Mirostat::weights`], [`AdaptiveP::transform`]).
 //!
 //! [`SamplerChain::from_params`] builds the one fixed chain of spec/sampling.md steps 3-11 and
 //! matches [`crate::sample_row`] and [`crate::distribution`] (the fast path) within rounding.
@@ -54,7 +56,7 @@ use crate::params::MAX_N;
 use crate::philox;
 use crate::sampler::{
     chunked_sum, dense_top_logprobs, non_finite, os_seed, processed_logprobs_from, raw_logprobs,
-    select_dense, Logprobs, Sample, SampleOutput, TokenLogprob,
+    select_dense, Cand, Logprobs, Sample, SampleOutput, TokenLogprob,
 };
 use crate::view::InputKind;
 
@@ -74,6 +76,10 @@ pub use repetition::{
     resolve_sequence_breakers, Dry, EncoderNoRepeatNGram, NoRepeatNGram,
     DRY_DEFAULT_ALLOWED_LENGTH, DRY_DEFAULT_BASE, DRY_DEFAULT_PENALTY_LAST_N,
     DRY_DEFAULT_SEQUENCE_BREAKERS, DRY_MAX_BREAKERS, DRY_MAX_BREAKER_BYTES, DRY_MAX_BREAKER_TAIL,
+};
+pub use stochastic::{
+    adaptive_p_update, mirostat_distribution, mirostat_update, AdaptiveP, AdaptivePState, Mirostat,
+    MirostatVersion, Xtc, ADAPTIVE_P_PEAK, ADAPTIVE_P_SHARPNESS, ADAPTIVE_P_WIDTH,
 };
 pub use temperature::Temperature;
 
@@ -248,7 +254,16 @@ pub(crate) fn better(a: &(f32, u32), b: &(f32, u32)) -> std::cmp::Ordering {
 // ---------------------------------------------------------------------------------------------
 
 /// The last step of a chain: how the token is chosen from the processed logits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+///
+/// [`Selection::Sample`] and [`Selection::Greedy`] are stateless. The llama.cpp selections
+/// [`Selection::Mirostat`], [`Selection::MirostatV2`] and [`Selection::AdaptiveP`] carry state
+/// per request (`mu`, the adaptive-p moving average) that lives in the [`SamplerChain`]: it
+/// starts at its initial value, moves on [`SamplerChain::accept`], returns to its start on
+/// [`SamplerChain::reset`] and is copied by a clone. All drawing selections draw by inverse CDF
+/// in token-id order (spec step 11) from their final weights, with `n` uniforms from
+/// Philox4x32-10 at `(seed, ctx.position, sample_index + j)`, `j in 0..n`
+/// ([`philox::uniform`], draw kind [`philox::draw::SELECT`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Selection {
     /// Inverse-CDF sampling in token-id order (spec step 11) from the weights `exp(l - max)`
     /// (f32), with `n` uniforms from Philox4x32-10 at `(seed, ctx.position, sample_index + j)`,
@@ -275,6 +290,65 @@ pub enum Selection {
         /// Which distribution the log-probabilities come from.
         logprobs_kind: LogprobsKind,
     },
+    /// Mirostat 1.0 (llama.cpp `llama_sampler_mirostat_apply`; see [`Mirostat::weights`]):
+    /// top-k with `k` from the Zipf estimate over the `m` most probable tokens and the state
+    /// `mu`, then sampling from the renormalised top-k. `mu` starts at `2 tau`; accepting a
+    /// token of probability `p` under that truncated distribution sets
+    /// `mu -= eta (-log2 p - tau)` ([`mirostat_update`]). `n_vocab` is the row's length.
+    /// A cloned chain copies `mu` (llama.cpp's `llama_sampler_mirostat_clone` writes the state
+    /// back into the source, so its clone restarts at `2 tau`: a bug, fixed here; v2's clone
+    /// copies it).
+    Mirostat {
+        /// Target surprise in bits (default 5), finite, `>= 0`.
+        tau: f64,
+        /// Learning rate (default 0.1), finite, `>= 0`.
+        eta: f64,
+        /// Tokens in the estimate (default 100), `>= 2`.
+        m: usize,
+        /// The stream's seed, as [`Selection::Sample`]'s.
+        seed: Option<u64>,
+        /// Samples per row from the one truncated distribution, `1..=`[`MAX_N`].
+        n: usize,
+        /// Top log-probabilities to report (processed: of the truncated distribution).
+        logprobs: Option<usize>,
+        /// Which distribution the log-probabilities come from.
+        logprobs_kind: LogprobsKind,
+    },
+    /// Mirostat 2.0 (llama.cpp `llama_sampler_mirostat_v2_apply`; see [`Mirostat::weights`]):
+    /// keeps the tokens of surprise `-log2 p <= mu` (at least the most probable), then samples
+    /// from them renormalised; `mu` as in [`Selection::Mirostat`].
+    MirostatV2 {
+        /// Target surprise in bits (default 5), finite, `>= 0`.
+        tau: f64,
+        /// Learning rate (default 0.1), finite, `>= 0`.
+        eta: f64,
+        /// The stream's seed, as [`Selection::Sample`]'s.
+        seed: Option<u64>,
+        /// Samples per row from the one truncated distribution, `1..=`[`MAX_N`].
+        n: usize,
+        /// Top log-probabilities to report (processed: of the truncated distribution).
+        logprobs: Option<usize>,
+        /// Which distribution the log-probabilities come from.
+        logprobs_kind: LogprobsKind,
+    },
+    /// Adaptive-p (llama.cpp `llama_sampler_init_adaptive_p`; see [`AdaptiveP`]): samples from
+    /// a transform of the probabilities that favours tokens near an adapted target; accepting a
+    /// token moves the moving average of original probabilities. A negative `target` is plain
+    /// sampling.
+    AdaptiveP {
+        /// Target probability, finite, `<= 1`; negative disables the transform.
+        target: f64,
+        /// Moving-average decay (default 0.9), `[0, 0.99]`.
+        decay: f64,
+        /// The stream's seed, as [`Selection::Sample`]'s.
+        seed: Option<u64>,
+        /// Samples per row from the one transformed distribution, `1..=`[`MAX_N`].
+        n: usize,
+        /// Top log-probabilities to report (processed: of the transformed distribution).
+        logprobs: Option<usize>,
+        /// Which distribution the log-probabilities come from.
+        logprobs_kind: LogprobsKind,
+    },
 }
 
 impl Selection {
@@ -297,6 +371,43 @@ impl Selection {
         }
     }
 
+    /// Mirostat 1.0, one sample per row, no logprobs.
+    pub fn mirostat(tau: f64, eta: f64, m: usize, seed: Option<u64>) -> Self {
+        Selection::Mirostat {
+            tau,
+            eta,
+            m,
+            seed,
+            n: 1,
+            logprobs: None,
+            logprobs_kind: LogprobsKind::Processed,
+        }
+    }
+
+    /// Mirostat 2.0, one sample per row, no logprobs.
+    pub fn mirostat_v2(tau: f64, eta: f64, seed: Option<u64>) -> Self {
+        Selection::MirostatV2 {
+            tau,
+            eta,
+            seed,
+            n: 1,
+            logprobs: None,
+            logprobs_kind: LogprobsKind::Processed,
+        }
+    }
+
+    /// Adaptive-p, one sample per row, no logprobs.
+    pub fn adaptive_p(target: f64, decay: f64, seed: Option<u64>) -> Self {
+        Selection::AdaptiveP {
+            target,
+            decay,
+            seed,
+            n: 1,
+            logprobs: None,
+            logprobs_kind: LogprobsKind::Processed,
+        }
+    }
+
     /// Whether this is [`Selection::Greedy`].
     pub fn is_greedy(&self) -> bool {
         matches!(self, Selection::Greedy { .. })
@@ -305,7 +416,22 @@ impl Selection {
     /// The number of samples.
     pub fn n(&self) -> usize {
         match *self {
-            Selection::Sample { n, .. } | Selection::Greedy { n, .. } => n,
+            Selection::Sample { n, .. }
+            | Selection::Greedy { n, .. }
+            | Selection::Mirostat { n, .. }
+            | Selection::MirostatV2 { n, .. }
+            | Selection::AdaptiveP { n, .. } => n,
+        }
+    }
+
+    /// The stream's seed of a drawing selection (`Some(None)`: from the OS); `None` for greedy.
+    fn draw_seed(&self) -> Option<Option<u64>> {
+        match *self {
+            Selection::Greedy { .. } => None,
+            Selection::Sample { seed, .. }
+            | Selection::Mirostat { seed, .. }
+            | Selection::MirostatV2 { seed, .. }
+            | Selection::AdaptiveP { seed, .. } => Some(seed),
         }
     }
 
@@ -320,28 +446,118 @@ impl Selection {
                 logprobs,
                 logprobs_kind,
                 ..
+            }
+            | Selection::Mirostat {
+                logprobs,
+                logprobs_kind,
+                ..
+            }
+            | Selection::MirostatV2 {
+                logprobs,
+                logprobs_kind,
+                ..
+            }
+            | Selection::AdaptiveP {
+                logprobs,
+                logprobs_kind,
+                ..
             } => (logprobs, logprobs_kind),
         }
     }
 
-    /// Checks `n`.
+    /// The mirostat parameters of [`Selection::Mirostat`] / [`Selection::MirostatV2`].
     ///
     /// # Errors
-    /// [`ParamError`] for `n` outside `1..=1024`.
+    /// As [`Mirostat::v1`] / [`Mirostat::v2`].
+    pub fn to_mirostat(&self) -> Option<Result<Mirostat, ParamError>> {
+        match *self {
+            Selection::Mirostat { tau, eta, m, .. } => Some(Mirostat::v1(tau, eta, m)),
+            Selection::MirostatV2 { tau, eta, .. } => Some(Mirostat::v2(tau, eta)),
+            _ => None,
+        }
+    }
+
+    /// The adaptive-p parameters of [`Selection::AdaptiveP`].
+    ///
+    /// # Errors
+    /// As [`AdaptiveP::new`].
+    pub fn to_adaptive_p(&self) -> Option<Result<AdaptiveP, ParamError>> {
+        match *self {
+            Selection::AdaptiveP { target, decay, .. } => Some(AdaptiveP::new(target, decay)),
+            _ => None,
+        }
+    }
+
+    /// Checks `n` and the mirostat / adaptive-p parameters.
+    ///
+    /// # Errors
+    /// [`ParamError`] for `n` outside `1..=1024`, or as [`Mirostat::v1`], [`Mirostat::v2`],
+    /// [`AdaptiveP::new`].
     pub fn validate(&self) -> Result<(), ParamError> {
         let n = self.n();
         if !(1..=MAX_N).contains(&n) {
             return Err(ParamError::new("n", n, "1..=1024"));
         }
+        if let Some(m) = self.to_mirostat() {
+            m?;
+        }
+        if let Some(a) = self.to_adaptive_p() {
+            a?;
+        }
         Ok(())
     }
 }
 
+/// A stateful selection's state in a [`SamplerChain`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct SelectionState {
+    /// Mirostat's `mu` (0 for the other selections).
+    mu: f64,
+    /// Adaptive-p's moving average.
+    adaptive: AdaptivePState,
+    /// `Z` of the distribution of the last successful [`SamplerChain::sample`] or
+    /// [`SamplerChain::distribution`] of a stateful selection since the last accept or reset:
+    /// the truncated weights' sum (mirostat) or the original weights' (adaptive-p).
+    pending: Option<f64>,
+}
+
+impl SelectionState {
+    fn initial(selection: &Selection) -> Self {
+        let mu = match *selection {
+            Selection::Mirostat { tau, .. } | Selection::MirostatV2 { tau, .. } => 2.0 * tau,
+            _ => 0.0,
+        };
+        let adaptive = match *selection {
+            Selection::AdaptiveP { target, decay, .. } => {
+                stochastic::adaptive_p_initial_state(target, decay)
+            }
+            _ => stochastic::adaptive_p_initial_state(0.0, 0.0),
+        };
+        Self {
+            mu,
+            adaptive,
+            pending: None,
+        }
+    }
+}
+
 /// An ordered list of [`LogitsProcessor`]s ending in a [`Selection`] (llama.cpp's sampler
-/// chain; STYLE.md point 3). Cloning clones every processor with its state and the buffers.
+/// chain; STYLE.md point 3). Cloning clones every processor with its state, the selection's
+/// state (mirostat's `mu`, adaptive-p's average, the pending distribution) and the buffers: a
+/// clone continues independently.
 ///
-/// The chain owns two buffers of `vocab_size` f32 values (the processed row and the weights),
-/// reused across calls: once warm, [`Self::sample`] allocates only for `n > 1` or logprobs.
+/// The chain owns buffers of `vocab_size` f32 values (the processed row, the weights, and for
+/// adaptive-p the original weights), reused across calls: once warm, [`Self::sample`]
+/// allocates only for `n > 1` or logprobs.
+///
+/// Stateful selections ([`Selection::Mirostat`], [`Selection::MirostatV2`],
+/// [`Selection::AdaptiveP`]): unlike llama.cpp, which updates its state inside apply, the state
+/// moves in [`Self::accept`], from the distribution of the last successful [`Self::sample`] or
+/// [`Self::distribution`] call (the pending distribution). [`Self::accept`] consumes it: a
+/// second accept without a new distribution in between (a prompt or forced token), an accept
+/// with no distribution computed since the last reset, and an accepted token outside the
+/// pending distribution (probability 0 there, or an id beyond the row) leave the state
+/// unchanged.
 ///
 /// Rows: `logits` is one row of `vocab_size` f32 logits (the candidate part of a padded row,
 /// e.g. [`crate::LogitsView::row`]); for 16-bit rows widen to f32 first.
@@ -354,6 +570,11 @@ pub struct SamplerChain {
     selection: Selection,
     logits: Vec<f32>,
     weights: Vec<f32>,
+    /// Adaptive-p's original weights of the last row.
+    original: Vec<f32>,
+    /// Mirostat v1's best candidates.
+    top: Vec<Cand>,
+    state: SelectionState,
 }
 
 impl SamplerChain {
@@ -365,6 +586,9 @@ impl SamplerChain {
             selection,
             logits: Vec::new(),
             weights: Vec::new(),
+            original: Vec::new(),
+            top: Vec::new(),
+            state: SelectionState::initial(&selection),
         }
     }
 
@@ -396,9 +620,22 @@ impl SamplerChain {
         &self.selection
     }
 
-    /// Replaces the selection step.
+    /// Replaces the selection step; its state starts afresh (as after [`Self::reset`]).
     pub fn set_selection(&mut self, selection: Selection) {
         self.selection = selection;
+        self.state = SelectionState::initial(&selection);
+    }
+
+    /// Mirostat's current `mu` ([`Selection::Mirostat`], [`Selection::MirostatV2`]); `None`
+    /// for the other selections.
+    pub fn mirostat_mu(&self) -> Option<f64> {
+        self.selection.to_mirostat().map(|_| self.state.mu)
+    }
+
+    /// Adaptive-p's current moving average ([`Selection::AdaptiveP`]); `None` for the other
+    /// selections.
+    pub fn adaptive_p_state(&self) -> Option<AdaptivePState> {
+        self.selection.to_adaptive_p().map(|_| self.state.adaptive)
     }
 
     /// The fixed chain of spec/sampling.md steps 3-11 for `params`: [`AllowedTokenIds`],
@@ -506,24 +743,53 @@ impl SamplerChain {
         Ok(chain)
     }
 
-    /// A new request starts: every processor clears its state and takes the prompt ids.
+    /// A new request starts: every processor clears its state and takes the prompt ids; the
+    /// selection's state returns to its start (mirostat `mu = 2 tau`, adaptive-p's average on
+    /// target) with no pending distribution.
     pub fn reset(&mut self, prompt_ids: &[u32]) {
         for p in &mut self.processors {
             p.reset(prompt_ids);
         }
+        self.state = SelectionState::initial(&self.selection);
     }
 
-    /// A token was committed to the sequence: every processor is told.
+    /// A token was committed to the sequence: every processor is told, and a stateful
+    /// selection updates from the pending distribution (see the type's doc): mirostat
+    /// `mu -= eta (-log2 p(token) - tau)` with `p` the token's probability under the truncated,
+    /// renormalised distribution ([`mirostat_update`]); adaptive-p its average with the token's
+    /// original probability ([`AdaptiveP::update`]).
+    ///
+    /// llama.cpp's adaptive-p updates only when the accepted token is the one its apply
+    /// selected; here any token of the pending distribution updates (the same for a loop that
+    /// accepts what it sampled).
     pub fn accept(&mut self, token: u32) {
         for p in &mut self.processors {
             p.accept(token);
+        }
+        let Some(z) = self.state.pending.take() else {
+            return;
+        };
+        let i = token as usize;
+        let w = self.weights.get(i).copied().unwrap_or(0.0);
+        if w <= 0.0 {
+            return;
+        }
+        match self.selection {
+            Selection::Mirostat { tau, eta, .. } | Selection::MirostatV2 { tau, eta, .. } => {
+                self.state.mu = mirostat_update(self.state.mu, f64::from(w) / z, tau, eta);
+            }
+            Selection::AdaptiveP { decay, .. } => {
+                let p = f64::from(self.original[i]) / z;
+                self.state.adaptive = adaptive_p_update(self.state.adaptive, p, decay);
+            }
+            Selection::Sample { .. } | Selection::Greedy { .. } => {}
         }
     }
 
     /// The context the processors see: `ctx` with the selection's seed when it has one.
     fn seeded<'c>(&self, ctx: &ProcessorContext<'c>) -> ProcessorContext<'c> {
         let mut ctx = *ctx;
-        if let Selection::Sample { seed: Some(s), .. } = self.selection {
+        if let Some(Some(s)) = self.selection.draw_seed() {
             ctx.seed = s;
         }
         ctx
@@ -618,7 +884,9 @@ impl SamplerChain {
     /// ties to the lower id, padded with `-inf` entries of the lowest remaining ids).
     ///
     /// Randomness: `n` uniforms from Philox4x32-10 at `(seed, ctx.position, sample_index + j)`;
-    /// greedy draws nothing.
+    /// greedy draws nothing. The drawing selections other than [`Selection::Sample`] draw from
+    /// their truncated (mirostat) or transformed (adaptive-p) weights, and leave that
+    /// distribution pending for [`Self::accept`].
     ///
     /// # Errors
     /// - [`SampleError::SeedUnavailable`]: no seed and the OS gave none.
@@ -639,10 +907,11 @@ impl SamplerChain {
         let selection = self.selection;
         let n = selection.n();
         let (top, kind) = selection.logprobs();
-        let seed = match selection {
-            Selection::Sample { seed: Some(s), .. } => s,
-            Selection::Sample { seed: None, .. } => os_seed()?,
-            Selection::Greedy { .. } => 0,
+        self.state.pending = None;
+        let seed = match selection.draw_seed() {
+            Some(Some(s)) => s,
+            Some(None) => os_seed()?,
+            None => 0,
         };
         selection.validate()?;
         if sample_index.checked_add(n as u32 - 1).is_none() {
@@ -680,8 +949,8 @@ impl SamplerChain {
                     logprobs: None,
                 }
             }
-            Selection::Sample { .. } => {
-                self.fill_weights(max);
+            _ => {
+                self.fill_selection_weights(max)?;
                 let w = &self.weights;
                 let draw = |j: usize| {
                     let u = philox::uniform(seed, ctx.position, sample_index + j as u32);
@@ -719,7 +988,10 @@ impl SamplerChain {
     /// The final probabilities the selection draws from: `logits.len()` f64 values, zero for
     /// removed tokens, summing to 1; one-hot on the argmax for greedy. Probability `i` is
     /// `w_i / Z` with `w_i = exp(l_i - max)` in f32 over the processed row and `Z` their f64
-    /// sum in fixed id chunks, exactly what [`Self::sample`] uses.
+    /// sum in fixed id chunks, exactly what [`Self::sample`] uses: for mirostat the truncated
+    /// weights of the current `mu` ([`Mirostat::weights`]), for adaptive-p the weights of the
+    /// transformed row ([`AdaptiveP::transform`]). Like [`Self::sample`], it leaves that
+    /// distribution pending for [`Self::accept`].
     ///
     /// Processors that draw (XTC's coin) use the selection's seed when it has one, else
     /// `ctx.seed`, and `ctx.sample_index`: the distribution [`Self::sample`] draws from with
@@ -732,6 +1004,7 @@ impl SamplerChain {
         logits: &[f32],
         ctx: &ProcessorContext<'_>,
     ) -> Result<Vec<f64>, SampleError> {
+        self.state.pending = None;
         let ctx = self.seeded(ctx);
         let max = self.prepare(logits, &ctx)?;
         let mut out = vec![0.0f64; logits.len()];
@@ -739,13 +1012,44 @@ impl SamplerChain {
             let token = self.logits.iter().position(|&l| l == max).unwrap_or(0);
             out[token] = 1.0;
         } else {
-            self.fill_weights(max);
+            self.fill_selection_weights(max)?;
             let z = chunked_sum(self.weights.iter().copied().enumerate());
             for (o, &w) in out.iter_mut().zip(&self.weights) {
                 *o = f64::from(w) / z;
             }
         }
         Ok(out)
+    }
+
+    /// The weights a drawing selection draws from, from the processed row of maximum `max`;
+    /// a stateful selection's distribution becomes pending.
+    fn fill_selection_weights(&mut self, max: f32) -> Result<(), SampleError> {
+        if let Some(mirostat) = self.selection.to_mirostat() {
+            let z = mirostat?.weights_with(
+                &self.logits,
+                self.state.mu,
+                &mut self.weights,
+                &mut self.top,
+            )?;
+            self.state.pending = Some(z);
+            return Ok(());
+        }
+        if let Some(adaptive) = self.selection.to_adaptive_p() {
+            let adaptive = adaptive?;
+            if !adaptive.is_off() {
+                let z = adaptive.transform(
+                    &mut self.logits,
+                    &self.state.adaptive,
+                    &mut self.original,
+                )?;
+                let max = row_max(&self.logits);
+                self.fill_weights(max);
+                self.state.pending = Some(z);
+                return Ok(());
+            }
+        }
+        self.fill_weights(max);
+        Ok(())
     }
 
     /// `weights[i] = exp(logits[i] - max)` in f32 (0 for removed tokens).
