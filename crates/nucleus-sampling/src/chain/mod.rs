@@ -67,9 +67,15 @@ mod stochastic;
 mod temperature;
 
 pub use config::{lenient_f64, lenient_f64_map, ChainError, LenientF64, ProcessorConfig};
-pub use constraints::{AllowedTokenIds, BadWords, MinTokens};
+pub use constraints::{
+    AllowedTokenIds, BadWords, ForcedBos, ForcedEos, InfNanRemove, MinTokens, SuppressTokens,
+    SuppressTokensAtBegin,
+};
 pub use filters::{MinP, TopK, TopP};
-pub use penalties::{FrequencyPresencePenalty, LogitBias, RepetitionPenalty};
+pub use penalties::{
+    EncoderRepetitionPenalty, ExponentialDecayLengthPenalty, FrequencyPresencePenalty, LogitBias,
+    RepetitionPenalty, SequenceBias,
+};
 pub use temperature::Temperature;
 
 // ---------------------------------------------------------------------------------------------
