@@ -45,13 +45,21 @@ pub enum ChainError {
 /// | `{"bad_words": {"words": [[1, 2], [3]]}}` | [`BadWords`] | non-empty sequences |
 /// | `{"min_tokens": {"min_tokens": 5}}` | [`MinTokens`] | |
 /// | `{"logit_bias": {"bias": {"42": -1.5}}}` | [`LogitBias`] (keys: ids as strings) | finite, clamped to ±100 |
-/// | `{"repetition_penalty": {"penalty": 1.1}}` | [`RepetitionPenalty`] | `> 0` |
+/// | `{"repetition_penalty": {"penalty": 1.1}}` | [`RepetitionPenalty`] (optional `prompt_ignore_length`, [`RepetitionPenalty::with_prompt_ignore_length`]) | `> 0` |
 /// | `{"frequency_penalty": {"penalty": 0.5}}` | [`FrequencyPresencePenalty::frequency`] | `[-2, 2]` |
 /// | `{"presence_penalty": {"penalty": 0.5}}` | [`FrequencyPresencePenalty::presence`] | `[-2, 2]` |
 /// | `{"temperature": {"t": 0.8}}` | [`Temperature`] | `>= 1e-5` |
 /// | `{"min_p": {"p": 0.05}}` | [`MinP`] | `[0, 1]` |
 /// | `{"top_k": {"k": 50}}` | [`TopK`] | `>= -1` |
 /// | `{"top_p": {"p": 0.9}}` | [`TopP`] | `(0, 1]` |
+/// | `{"sequence_bias": {"sequence_bias": [[[1, 2], -1.5], [[3], 0.5]]}}` | [`SequenceBias`] | non-empty list, non-empty sequences, finite f32 biases |
+/// | `{"forced_bos_token": {"bos_token_id": 0}}` | [`ForcedBos`] | |
+/// | `{"forced_eos_token": {"max_length": 64, "eos_token_id": [2]}}` | [`ForcedEos`] (`eos_token_id`: an id or a list) | `max_length >= 1`, non-empty ids |
+/// | `{"suppress_tokens": {"suppress_tokens": [5, 6]}}` | [`SuppressTokens`] | |
+/// | `{"suppress_tokens_at_begin": {"begin_suppress_tokens": [2], "begin_index": 0}}` | [`SuppressTokensAtBegin`] (`begin_index` in generated tokens, default 0) | |
+/// | `{"exponential_decay_length_penalty": {"start_index": 10, "decay_factor": 1.05, "eos_token_id": [2]}}` | [`ExponentialDecayLengthPenalty`] (`eos_token_id` optional: the context's stop ids) | finite `decay_factor`, non-empty ids |
+/// | `{"encoder_repetition_penalty": {"penalty": 1.2}}` | [`EncoderRepetitionPenalty`] | `> 0` |
+/// | `{"inf_nan_remove": {}}` | [`InfNanRemove`] | |
 /// | `{"dry": {"multiplier": 0.8, "base": 1.75, "allowed_length": 2, "penalty_last_n": -1, "sequence_breakers": [[13], [25, 7]]}}` | [`Dry`] (all fields optional: multiplier 0 = off, base 1.75, allowed_length 2, penalty_last_n -1 = whole history, no breakers) | multiplier finite `>= 0`, base finite `>= 1`, allowed_length `>= 0`, penalty_last_n `>= -1`, breakers 1 to 21 ids |
 /// | `{"no_repeat_ngram": {"ngram_size": 3}}` | [`NoRepeatNGram`] | `> 0` |
 /// | `{"encoder_no_repeat_ngram": {"encoder_ngram_size": 3}}` | [`EncoderNoRepeatNGram`] (the prompt's n-grams) | `> 0` |
@@ -95,6 +103,10 @@ pub enum ProcessorConfig {
         /// `r > 0`.
         #[serde(with = "lenient_f64")]
         penalty: f64,
+        /// The first ids of the sequence that do not count (Hugging Face's
+        /// `prompt_ignore_length`; default none: every id counts).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        prompt_ignore_length: Option<usize>,
     },
     /// [`FrequencyPresencePenalty::frequency`].
     FrequencyPenalty {
@@ -132,6 +144,61 @@ pub enum ProcessorConfig {
         p: f64,
     },
     // [catalogue: constraints and penalties (constraints.rs, penalties.rs)]
+    /// [`SequenceBias`].
+    SequenceBias {
+        /// `[[token ids, bias], ...]`, Hugging Face's list form.
+        #[serde(with = "crate::chain::penalties::sequence_bias_serde")]
+        sequence_bias: Vec<(Vec<u32>, f64)>,
+    },
+    /// [`ForcedBos`].
+    ForcedBosToken {
+        /// The token forced as the first generated one.
+        bos_token_id: u32,
+    },
+    /// [`ForcedEos`].
+    ForcedEosToken {
+        /// The whole sequence's maximum length, prompt included, `>= 1`.
+        max_length: usize,
+        /// The EOS id(s): an id or a non-empty list.
+        #[serde(deserialize_with = "crate::chain::constraints::token_ids::one_or_many")]
+        eos_token_id: Vec<u32>,
+    },
+    /// [`SuppressTokens`].
+    SuppressTokens {
+        /// The ids banned at every step.
+        suppress_tokens: Vec<u32>,
+    },
+    /// [`SuppressTokensAtBegin`].
+    SuppressTokensAtBegin {
+        /// The ids banned at the step `begin_index`.
+        begin_suppress_tokens: Vec<u32>,
+        /// Generated tokens before that step (default 0: the first generated token).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        begin_index: usize,
+    },
+    /// [`ExponentialDecayLengthPenalty`].
+    ExponentialDecayLengthPenalty {
+        /// Generated tokens after which the penalty starts.
+        start_index: usize,
+        /// A finite factor.
+        #[serde(with = "lenient_f64")]
+        decay_factor: f64,
+        /// The EOS id(s): an id or a non-empty list (default: the context's stop ids).
+        #[serde(
+            default,
+            deserialize_with = "crate::chain::constraints::token_ids::optional",
+            skip_serializing_if = "Option::is_none"
+        )]
+        eos_token_id: Option<Vec<u32>>,
+    },
+    /// [`EncoderRepetitionPenalty`].
+    EncoderRepetitionPenalty {
+        /// `p > 0`.
+        #[serde(with = "lenient_f64")]
+        penalty: f64,
+    },
+    /// [`InfNanRemove`].
+    InfNanRemove {},
     //
     // [catalogue: temperature and entropy, filters (temperature.rs, filters.rs)]
     //
@@ -325,6 +392,10 @@ fn is_one(n: &usize) -> bool {
     *n == 1
 }
 
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
 fn is_processed(kind: &LogprobsKind) -> bool {
     *kind == LogprobsKind::Processed
 }
@@ -345,6 +416,16 @@ impl ProcessorConfig {
             ProcessorConfig::TopK { .. } => "top_k",
             ProcessorConfig::TopP { .. } => "top_p",
             // [catalogue: constraints and penalties (constraints.rs, penalties.rs)]
+            ProcessorConfig::SequenceBias { .. } => "sequence_bias",
+            ProcessorConfig::ForcedBosToken { .. } => "forced_bos_token",
+            ProcessorConfig::ForcedEosToken { .. } => "forced_eos_token",
+            ProcessorConfig::SuppressTokens { .. } => "suppress_tokens",
+            ProcessorConfig::SuppressTokensAtBegin { .. } => "suppress_tokens_at_begin",
+            ProcessorConfig::ExponentialDecayLengthPenalty { .. } => {
+                "exponential_decay_length_penalty"
+            }
+            ProcessorConfig::EncoderRepetitionPenalty { .. } => "encoder_repetition_penalty",
+            ProcessorConfig::InfNanRemove {} => "inf_nan_remove",
             //
             // [catalogue: temperature and entropy, filters (temperature.rs, filters.rs)]
             //
@@ -464,8 +545,15 @@ impl ProcessorConfig {
             ProcessorConfig::BadWords { words } => Box::new(BadWords::new(words.clone())?),
             ProcessorConfig::MinTokens { min_tokens } => Box::new(MinTokens::new(*min_tokens)),
             ProcessorConfig::LogitBias { bias } => Box::new(LogitBias::new(bias.clone())?),
-            ProcessorConfig::RepetitionPenalty { penalty } => {
-                Box::new(RepetitionPenalty::new(*penalty)?)
+            ProcessorConfig::RepetitionPenalty {
+                penalty,
+                prompt_ignore_length,
+            } => {
+                let p = RepetitionPenalty::new(*penalty)?;
+                Box::new(match *prompt_ignore_length {
+                    Some(n) => p.with_prompt_ignore_length(n),
+                    None => p,
+                })
             }
             ProcessorConfig::FrequencyPenalty { penalty } => {
                 Box::new(FrequencyPresencePenalty::frequency(*penalty)?)
@@ -478,6 +566,39 @@ impl ProcessorConfig {
             ProcessorConfig::TopK { k } => Box::new(TopK::new(*k)?),
             ProcessorConfig::TopP { p } => Box::new(TopP::new(*p)?),
             // [catalogue: constraints and penalties (constraints.rs, penalties.rs)]
+            ProcessorConfig::SequenceBias { sequence_bias } => {
+                Box::new(SequenceBias::new(sequence_bias.clone())?)
+            }
+            ProcessorConfig::ForcedBosToken { bos_token_id } => {
+                Box::new(ForcedBos::new(*bos_token_id))
+            }
+            ProcessorConfig::ForcedEosToken {
+                max_length,
+                eos_token_id,
+            } => Box::new(ForcedEos::new(*max_length, eos_token_id.clone())?),
+            ProcessorConfig::SuppressTokens { suppress_tokens } => {
+                Box::new(SuppressTokens::new(suppress_tokens.clone()))
+            }
+            ProcessorConfig::SuppressTokensAtBegin {
+                begin_suppress_tokens,
+                begin_index,
+            } => Box::new(SuppressTokensAtBegin::new(
+                begin_suppress_tokens.clone(),
+                *begin_index,
+            )),
+            ProcessorConfig::ExponentialDecayLengthPenalty {
+                start_index,
+                decay_factor,
+                eos_token_id,
+            } => Box::new(ExponentialDecayLengthPenalty::new(
+                *start_index,
+                *decay_factor,
+                eos_token_id.clone(),
+            )?),
+            ProcessorConfig::EncoderRepetitionPenalty { penalty } => {
+                Box::new(EncoderRepetitionPenalty::new(*penalty)?)
+            }
+            ProcessorConfig::InfNanRemove {} => Box::new(InfNanRemove::new()),
             //
             // [catalogue: temperature and entropy, filters (temperature.rs, filters.rs)]
             //

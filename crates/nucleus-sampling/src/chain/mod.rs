@@ -69,9 +69,15 @@ mod stochastic;
 mod temperature;
 
 pub use config::{lenient_f64, lenient_f64_map, ChainError, LenientF64, ProcessorConfig};
-pub use constraints::{AllowedTokenIds, BadWords, MinTokens};
+pub use constraints::{
+    AllowedTokenIds, BadWords, ForcedBos, ForcedEos, InfNanRemove, MinTokens, SuppressTokens,
+    SuppressTokensAtBegin,
+};
 pub use filters::{MinP, TopK, TopP};
-pub use penalties::{FrequencyPresencePenalty, LogitBias, RepetitionPenalty};
+pub use penalties::{
+    EncoderRepetitionPenalty, ExponentialDecayLengthPenalty, FrequencyPresencePenalty, LogitBias,
+    RepetitionPenalty, SequenceBias,
+};
 pub use repetition::{
     resolve_sequence_breakers, Dry, EncoderNoRepeatNGram, NoRepeatNGram,
     DRY_DEFAULT_ALLOWED_LENGTH, DRY_DEFAULT_BASE, DRY_DEFAULT_PENALTY_LAST_N,
