@@ -68,9 +68,9 @@ mod temperature;
 
 pub use config::{lenient_f64, lenient_f64_map, ChainError, LenientF64, ProcessorConfig};
 pub use constraints::{AllowedTokenIds, BadWords, MinTokens};
-pub use filters::{MinP, TopK, TopP};
+pub use filters::{Epsilon, MinP, TopK, TopNSigma, TopP};
 pub use penalties::{FrequencyPresencePenalty, LogitBias, RepetitionPenalty};
-pub use temperature::Temperature;
+pub use temperature::{DynamicTemperature, Eta, LogSoftmax, Temperature, TopH, Typical};
 
 // ---------------------------------------------------------------------------------------------
 // Context and trait
