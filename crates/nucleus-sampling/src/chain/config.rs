@@ -49,9 +49,9 @@ pub enum ChainError {
 /// | `{"frequency_penalty": {"penalty": 0.5}}` | [`FrequencyPresencePenalty::frequency`] | `[-2, 2]` |
 /// | `{"presence_penalty": {"penalty": 0.5}}` | [`FrequencyPresencePenalty::presence`] | `[-2, 2]` |
 /// | `{"temperature": {"t": 0.8}}` | [`Temperature`] | `>= 1e-5` |
-/// | `{"min_p": {"p": 0.05}}` | [`MinP`] | `[0, 1]` |
-/// | `{"top_k": {"k": 50}}` | [`TopK`] | `>= -1` |
-/// | `{"top_p": {"p": 0.9}}` | [`TopP`] | `(0, 1]` |
+/// | `{"min_p": {"p": 0.05, "min_keep": 1}}` | [`MinP`] (`min_keep` optional, default 1) | `[0, 1]`; `min_keep >= 1` |
+/// | `{"top_k": {"k": 50, "min_keep": 1}}` | [`TopK`] (`min_keep` optional, default 1) | `>= -1`; `min_keep >= 1` |
+/// | `{"top_p": {"p": 0.9, "min_keep": 1}}` | [`TopP`] (`min_keep` optional, default 1) | `(0, 1]`; `min_keep >= 1` |
 /// | `{"sequence_bias": {"sequence_bias": [[[1, 2], -1.5], [[3], 0.5]]}}` | [`SequenceBias`] | non-empty list, non-empty sequences, finite f32 biases |
 /// | `{"forced_bos_token": {"bos_token_id": 0}}` | [`ForcedBos`] | |
 /// | `{"forced_eos_token": {"max_length": 64, "eos_token_id": [2]}}` | [`ForcedEos`] (`eos_token_id`: an id or a list) | `max_length >= 1`, non-empty ids |
@@ -67,6 +67,13 @@ pub enum ChainError {
 /// | `{"mirostat": {"tau": 5, "eta": 0.1, "m": 100, "seed": 42}}` | [`Selection::Mirostat`] (all optional: 5, 0.1, 100; also `n`, `logprobs`, `logprobs_kind`) | tau, eta finite `>= 0`; m `>= 2` |
 /// | `{"mirostat_v2": {"tau": 5, "eta": 0.1, "seed": 42}}` | [`Selection::MirostatV2`] (all optional: 5, 0.1; also `n`, `logprobs`, `logprobs_kind`) | tau, eta finite `>= 0` |
 /// | `{"adaptive_p": {"target": 0.5, "decay": 0.9, "seed": 42}}` | [`Selection::AdaptiveP`] (`target` required; decay 0.9; also `n`, `logprobs`, `logprobs_kind`) | target finite `<= 1` (negative off), decay `[0, 0.99]` |
+/// | `{"typical": {"p": 0.9, "min_keep": 1}}` | [`Typical`] (`min_keep` optional, default 1) | `(0, 1]`, 1 off; `min_keep >= 1` |
+/// | `{"top_n_sigma": {"n": 1.0}}` | [`TopNSigma`] | finite, `<= 0` off |
+/// | `{"dynatemp": {"t": 1.0, "range": 0.5, "exponent": 1.0}}` | [`DynamicTemperature`] (`exponent` optional, default 1) | `range` finite (`<= 0`: plain temperature `t >= 1e-5`), else `t >= 0`; `exponent >= 0` |
+/// | `{"epsilon": {"epsilon": 0.0003, "min_keep": 1}}` | [`Epsilon`] (`min_keep` optional, default 1) | `(0, 1)`; `min_keep >= 1` |
+/// | `{"eta": {"epsilon": 0.0003, "min_keep": 1}}` | [`Eta`] (`min_keep` optional, default 1) | `(0, 1)`; `min_keep >= 1` |
+/// | `{"top_h": {"top_h": 0.4}}` | [`TopH`] | `(0, 1]` |
+/// | `{"log_softmax": {}}` | [`LogSoftmax`] | |
 /// | `{"greedy": {}}` | [`Selection::Greedy`] (optional `n`, `logprobs`, `logprobs_kind`) | |
 /// | `{"sample": {"seed": 42, "n": 1, "logprobs": 5, "logprobs_kind": "raw"}}` | [`Selection::Sample`] (all optional) | `n` in `1..=1024` |
 ///
@@ -131,17 +138,26 @@ pub enum ProcessorConfig {
         /// In `[0, 1]`.
         #[serde(with = "lenient_f64")]
         p: f64,
+        /// The best tokens never removed (default 1).
+        #[serde(default = "one", skip_serializing_if = "is_one")]
+        min_keep: usize,
     },
     /// [`TopK`].
     TopK {
         /// `>= -1`; 0 and -1 are off.
         k: i64,
+        /// The best tokens never removed (default 1).
+        #[serde(default = "one", skip_serializing_if = "is_one")]
+        min_keep: usize,
     },
     /// [`TopP`].
     TopP {
         /// In `(0, 1]`.
         #[serde(with = "lenient_f64")]
         p: f64,
+        /// The best tokens never removed (default 1).
+        #[serde(default = "one", skip_serializing_if = "is_one")]
+        min_keep: usize,
     },
     // [catalogue: constraints and penalties (constraints.rs, penalties.rs)]
     /// [`SequenceBias`].
@@ -201,6 +217,63 @@ pub enum ProcessorConfig {
     InfNanRemove {},
     //
     // [catalogue: temperature and entropy, filters (temperature.rs, filters.rs)]
+    /// [`Typical`].
+    Typical {
+        /// In `(0, 1]`; 1 is off.
+        #[serde(with = "lenient_f64")]
+        p: f64,
+        /// Tokens never removed (default 1).
+        #[serde(default = "one", skip_serializing_if = "is_one")]
+        min_keep: usize,
+    },
+    /// [`TopNSigma`].
+    TopNSigma {
+        /// Finite; `<= 0` is off.
+        #[serde(with = "lenient_f64")]
+        n: f64,
+    },
+    /// [`DynamicTemperature`].
+    Dynatemp {
+        /// The centre temperature.
+        #[serde(with = "lenient_f64")]
+        t: f64,
+        /// The half-width of the range; `<= 0` is the plain temperature `t`.
+        #[serde(with = "lenient_f64")]
+        range: f64,
+        /// The exponent of the entropy mapping (default 1).
+        #[serde(
+            default = "one_f64",
+            with = "lenient_f64",
+            skip_serializing_if = "is_one_f64"
+        )]
+        exponent: f64,
+    },
+    /// [`Epsilon`].
+    Epsilon {
+        /// In `(0, 1)`.
+        #[serde(with = "lenient_f64")]
+        epsilon: f64,
+        /// The best tokens never removed (default 1).
+        #[serde(default = "one", skip_serializing_if = "is_one")]
+        min_keep: usize,
+    },
+    /// [`Eta`] (Hugging Face's `EtaLogitsWarper` argument name, `epsilon`).
+    Eta {
+        /// In `(0, 1)`.
+        #[serde(with = "lenient_f64")]
+        epsilon: f64,
+        /// The best tokens never removed (default 1).
+        #[serde(default = "one", skip_serializing_if = "is_one")]
+        min_keep: usize,
+    },
+    /// [`TopH`].
+    TopH {
+        /// In `(0, 1]`.
+        #[serde(with = "lenient_f64")]
+        top_h: f64,
+    },
+    /// [`LogSoftmax`] (Hugging Face's `LogitNormalization`).
+    LogSoftmax {},
     //
     // [catalogue: repetition avoidance (repetition.rs)]
     //
@@ -396,6 +469,14 @@ fn is_zero(n: &usize) -> bool {
     *n == 0
 }
 
+fn one_f64() -> f64 {
+    1.0
+}
+
+fn is_one_f64(x: &f64) -> bool {
+    *x == 1.0
+}
+
 fn is_processed(kind: &LogprobsKind) -> bool {
     *kind == LogprobsKind::Processed
 }
@@ -428,6 +509,13 @@ impl ProcessorConfig {
             ProcessorConfig::InfNanRemove {} => "inf_nan_remove",
             //
             // [catalogue: temperature and entropy, filters (temperature.rs, filters.rs)]
+            ProcessorConfig::Typical { .. } => "typical",
+            ProcessorConfig::TopNSigma { .. } => "top_n_sigma",
+            ProcessorConfig::Dynatemp { .. } => "dynatemp",
+            ProcessorConfig::Epsilon { .. } => "epsilon",
+            ProcessorConfig::Eta { .. } => "eta",
+            ProcessorConfig::TopH { .. } => "top_h",
+            ProcessorConfig::LogSoftmax {} => "log_softmax",
             //
             // [catalogue: repetition avoidance (repetition.rs)]
             //
@@ -562,9 +650,15 @@ impl ProcessorConfig {
                 Box::new(FrequencyPresencePenalty::presence(*penalty)?)
             }
             ProcessorConfig::Temperature { t } => Box::new(Temperature::new(*t)?),
-            ProcessorConfig::MinP { p } => Box::new(MinP::new(*p)?),
-            ProcessorConfig::TopK { k } => Box::new(TopK::new(*k)?),
-            ProcessorConfig::TopP { p } => Box::new(TopP::new(*p)?),
+            ProcessorConfig::MinP { p, min_keep } => {
+                Box::new(MinP::new(*p)?.with_min_keep(*min_keep)?)
+            }
+            ProcessorConfig::TopK { k, min_keep } => {
+                Box::new(TopK::new(*k)?.with_min_keep(*min_keep)?)
+            }
+            ProcessorConfig::TopP { p, min_keep } => {
+                Box::new(TopP::new(*p)?.with_min_keep(*min_keep)?)
+            }
             // [catalogue: constraints and penalties (constraints.rs, penalties.rs)]
             ProcessorConfig::SequenceBias { sequence_bias } => {
                 Box::new(SequenceBias::new(sequence_bias.clone())?)
@@ -601,6 +695,21 @@ impl ProcessorConfig {
             ProcessorConfig::InfNanRemove {} => Box::new(InfNanRemove::new()),
             //
             // [catalogue: temperature and entropy, filters (temperature.rs, filters.rs)]
+            ProcessorConfig::Typical { p, min_keep } => {
+                Box::new(Typical::new(*p)?.with_min_keep(*min_keep)?)
+            }
+            ProcessorConfig::TopNSigma { n } => Box::new(TopNSigma::new(*n)?),
+            ProcessorConfig::Dynatemp { t, range, exponent } => {
+                Box::new(DynamicTemperature::new(*t, *range, *exponent)?)
+            }
+            ProcessorConfig::Epsilon { epsilon, min_keep } => {
+                Box::new(Epsilon::new(*epsilon)?.with_min_keep(*min_keep)?)
+            }
+            ProcessorConfig::Eta { epsilon, min_keep } => {
+                Box::new(Eta::new(*epsilon)?.with_min_keep(*min_keep)?)
+            }
+            ProcessorConfig::TopH { top_h } => Box::new(TopH::new(*top_h)?),
+            ProcessorConfig::LogSoftmax {} => Box::new(LogSoftmax::new()),
             //
             // [catalogue: repetition avoidance (repetition.rs)]
             //

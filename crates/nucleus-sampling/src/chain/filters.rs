@@ -1,20 +1,116 @@
 //! Filters (spec/sampling.md steps 8-10): processors that keep a subset of the candidates.
+//!
+//! Every filter with a `min_keep` (Hugging Face's `min_tokens_to_keep`) never leaves fewer than
+//! `min_keep` tokens when the row has that many finite logits: the best by (logit descending,
+//! id ascending), exactly `min_keep` of them where the filter alone would keep fewer (our ties
+//! go to the lower id, where Hugging Face's `scores < topk(scores, k)[-1]` keeps every token
+//! tied with the k-th). `min_keep` is at least 1 (Hugging Face: "a positive integer"); 1 is the
+//! default and changes nothing.
 
+use super::temperature::weigh;
 use super::{better, row_max, LogitsProcessor, ProcessorContext};
 use crate::error::{ParamError, SampleError};
 use crate::sampler::chunked_sum;
+
+/// Checks a `min_keep`: at least 1.
+pub(crate) fn check_min_keep(min_keep: usize) -> Result<usize, ParamError> {
+    if min_keep == 0 {
+        return Err(ParamError::new(
+            "min_keep",
+            min_keep,
+            ">= 1 (the number of best tokens a filter never removes)",
+        ));
+    }
+    Ok(min_keep)
+}
+
+/// Keeps exactly the `k` best finite logits, in the order (logit descending, id ascending),
+/// and writes `-inf` over the others; a row with at most `k` finite logits is unchanged.
+/// O(vocab): a linear-time selection in `buf`.
+pub(crate) fn keep_best(logits: &mut [f32], k: usize, buf: &mut Vec<(f32, u32)>) {
+    if k == 0 || k >= logits.len() {
+        return;
+    }
+    buf.clear();
+    buf.extend(
+        logits
+            .iter()
+            .enumerate()
+            .filter(|(_, &l)| l != f32::NEG_INFINITY)
+            .map(|(i, &l)| (l + 0.0, i as u32)),
+    );
+    if buf.len() <= k {
+        return;
+    }
+    let (_, &mut (kl, kid), _) = buf.select_nth_unstable_by(k - 1, better);
+    for (i, l) in logits.iter_mut().enumerate() {
+        if *l < kl || (*l == kl && i as u32 > kid) {
+            *l = f32::NEG_INFINITY;
+        }
+    }
+}
+
+/// Removes the tokens whose probability is below `threshold` (decided as `w < threshold * z`
+/// in f64), unless that leaves fewer than `min_keep`: then exactly the `min_keep` best remain
+/// ([`keep_best`]). `w` holds
+/// the row's weights `exp(l - max)` (0 for `-inf`), `z` their sum. The survivors of a
+/// probability threshold are the best tokens (the weights rise with the logit), so the
+/// `min_keep` best contain them.
+pub(crate) fn cut_below(
+    logits: &mut [f32],
+    w: &[f32],
+    z: f64,
+    threshold: f64,
+    min_keep: usize,
+    buf: &mut Vec<(f32, u32)>,
+) {
+    let cut = threshold * z;
+    let below = |w: f32| f64::from(w) < cut;
+    let too_few = if min_keep > 1 {
+        let survivors = logits
+            .iter()
+            .zip(w)
+            .filter(|&(&l, &w)| l != f32::NEG_INFINITY && !below(w))
+            .count();
+        survivors < min_keep
+    } else {
+        // The best token's weight is exp(0) = 1, the largest: if it is below, all are.
+        below(1.0)
+    };
+    if too_few {
+        keep_best(logits, min_keep, buf);
+        return;
+    }
+    for (l, &w) in logits.iter_mut().zip(w) {
+        *l = if below(w) { f32::NEG_INFINITY } else { *l };
+    }
+}
 
 /// Min-p: keeps the tokens whose probability is `>= min_p * p_max`, ties with the threshold
 /// kept (spec step 8; Nguyen et al. 2024, vLLM, llama.cpp). The probabilities are the weights
 /// `exp(l - max)` in f32 (so `p_max`'s weight is 1) and the decision `w >= min_p` is made in
 /// f64. 0 is off. Stateless.
-#[derive(Clone, Debug, PartialEq)]
+///
+/// `min_keep` (Hugging Face `MinPLogitsWarper`'s `min_tokens_to_keep`, default 1): the
+/// `min_keep` most probable tokens are never removed; when fewer pass the threshold, exactly
+/// the `min_keep` best remain (ties to the lower id). With `min_keep` 1 nothing changes (the
+/// maximum always passes).
+#[derive(Clone, Debug)]
 pub struct MinP {
     p: f64,
+    min_keep: usize,
+    buf: Vec<(f32, u32)>,
+}
+
+impl PartialEq for MinP {
+    /// The parameters (not the buffer).
+    fn eq(&self, other: &Self) -> bool {
+        self.p == other.p && self.min_keep == other.min_keep
+    }
 }
 
 impl MinP {
-    /// Min-p `p`.
+    /// Min-p `p`, `min_keep` 1.
     ///
     /// # Errors
     /// [`ParamError`] for `min_p` outside `[0, 1]`.
@@ -22,12 +118,30 @@ impl MinP {
         if !(0.0..=1.0).contains(&p) {
             return Err(ParamError::new("min_p", p, "[0, 1]"));
         }
-        Ok(Self { p })
+        Ok(Self {
+            p,
+            min_keep: 1,
+            buf: Vec::new(),
+        })
+    }
+
+    /// The same filter keeping at least the `min_keep` best tokens.
+    ///
+    /// # Errors
+    /// [`ParamError`] for `min_keep` 0.
+    pub fn with_min_keep(mut self, min_keep: usize) -> Result<Self, ParamError> {
+        self.min_keep = check_min_keep(min_keep)?;
+        Ok(self)
     }
 
     /// The threshold.
     pub fn p(&self) -> f64 {
         self.p
+    }
+
+    /// The number of best tokens never removed.
+    pub fn min_keep(&self) -> usize {
+        self.min_keep
     }
 }
 
@@ -42,6 +156,11 @@ impl LogitsProcessor for MinP {
     ) -> Result<(), SampleError> {
         let max = row_max(logits);
         if self.p == 0.0 || max == f32::NEG_INFINITY {
+            return Ok(());
+        }
+        let passes = |l: f32| l != f32::NEG_INFINITY && f64::from((l - max).exp()) >= self.p;
+        if self.min_keep > 1 && logits.iter().filter(|&&l| passes(l)).count() < self.min_keep {
+            keep_best(logits, self.min_keep, &mut self.buf);
             return Ok(());
         }
         for l in logits.iter_mut() {
@@ -60,9 +179,14 @@ impl LogitsProcessor for MinP {
 /// (spec step 9: exact-k, so `k = 1` is greedy). 0, -1 and `k >= vocab_size` are off; a row
 /// with at most `k` finite logits is unchanged. Stateless; O(vocab) per row (a linear-time
 /// selection in a buffer kept across calls).
+///
+/// `min_keep` (Hugging Face `TopKLogitsWarper`'s `min_tokens_to_keep`, default 1): an enabled
+/// top-k keeps `max(k, min_keep)` tokens, as `top_k = max(top_k, min_tokens_to_keep)` there;
+/// an off top-k stays off.
 #[derive(Clone, Debug)]
 pub struct TopK {
     k: usize,
+    min_keep: usize,
     buf: Vec<(f32, u32)>,
 }
 
@@ -77,13 +201,28 @@ impl TopK {
         }
         Ok(Self {
             k: usize::try_from(k.max(0)).unwrap_or(usize::MAX),
+            min_keep: 1,
             buf: Vec::new(),
         })
+    }
+
+    /// The same filter keeping at least the `min_keep` best tokens when it is on.
+    ///
+    /// # Errors
+    /// [`ParamError`] for `min_keep` 0.
+    pub fn with_min_keep(mut self, min_keep: usize) -> Result<Self, ParamError> {
+        self.min_keep = check_min_keep(min_keep)?;
+        Ok(self)
     }
 
     /// `k` (0 when off).
     pub fn k(&self) -> usize {
         self.k
+    }
+
+    /// The number of best tokens never removed.
+    pub fn min_keep(&self) -> usize {
+        self.min_keep
     }
 }
 
@@ -96,27 +235,10 @@ impl LogitsProcessor for TopK {
         logits: &mut [f32],
         _ctx: &ProcessorContext<'_>,
     ) -> Result<(), SampleError> {
-        let k = self.k;
-        if k == 0 || k >= logits.len() {
+        if self.k == 0 {
             return Ok(());
         }
-        self.buf.clear();
-        self.buf.extend(
-            logits
-                .iter()
-                .enumerate()
-                .filter(|(_, &l)| l != f32::NEG_INFINITY)
-                .map(|(i, &l)| (l + 0.0, i as u32)),
-        );
-        if self.buf.len() <= k {
-            return Ok(());
-        }
-        let (_, &mut (kl, kid), _) = self.buf.select_nth_unstable_by(k - 1, better);
-        for (i, l) in logits.iter_mut().enumerate() {
-            if *l < kl || (*l == kl && i as u32 > kid) {
-                *l = f32::NEG_INFINITY;
-            }
-        }
+        keep_best(logits, self.k.max(self.min_keep), &mut self.buf);
         Ok(())
     }
     fn box_clone(&self) -> Box<dyn LogitsProcessor> {
@@ -130,9 +252,13 @@ impl LogitsProcessor for TopK {
 /// fixed id chunks). If rounding leaves every prefix below `p`, everything is kept. 1 is off.
 /// Stateless; O(n log n) in the number `n` of finite logits (a sort in a buffer kept across
 /// calls).
+///
+/// `min_keep` (Hugging Face `TopPLogitsWarper`'s `min_tokens_to_keep`, default 1): the prefix
+/// is at least `min_keep` long (the `min_keep` most probable are never removed).
 #[derive(Clone, Debug)]
 pub struct TopP {
     p: f64,
+    min_keep: usize,
     /// (logit, id, weight).
     buf: Vec<(f32, u32, f32)>,
 }
@@ -146,12 +272,30 @@ impl TopP {
         if !(p > 0.0 && p <= 1.0) {
             return Err(ParamError::new("top_p", p, "(0, 1]"));
         }
-        Ok(Self { p, buf: Vec::new() })
+        Ok(Self {
+            p,
+            min_keep: 1,
+            buf: Vec::new(),
+        })
+    }
+
+    /// The same filter keeping at least the `min_keep` best tokens.
+    ///
+    /// # Errors
+    /// [`ParamError`] for `min_keep` 0.
+    pub fn with_min_keep(mut self, min_keep: usize) -> Result<Self, ParamError> {
+        self.min_keep = check_min_keep(min_keep)?;
+        Ok(self)
     }
 
     /// The mass to reach.
     pub fn p(&self) -> f64 {
         self.p
+    }
+
+    /// The number of best tokens never removed.
+    pub fn min_keep(&self) -> usize {
+        self.min_keep
     }
 }
 
@@ -189,9 +333,176 @@ impl LogitsProcessor for TopP {
                 break;
             }
         }
+        let cut = cut.max(self.min_keep).min(self.buf.len());
         for c in &self.buf[cut..] {
             logits[c.1 as usize] = f32::NEG_INFINITY;
         }
+        Ok(())
+    }
+    fn box_clone(&self) -> Box<dyn LogitsProcessor> {
+        Box::new(self.clone())
+    }
+}
+
+/// Top-n-sigma: keeps the tokens whose logit is `>= max - n * sigma`, `sigma` the population
+/// standard deviation of the finite logits (Tang et al. 2024, "Top-nσ: Not All Logits Are You
+/// Need"; llama.cpp `src/llama-sampler.cpp`, `llama_sampler_top_n_sigma_apply`). As there, the
+/// mean and the deviation are over the candidates (llama.cpp skips `-inf` entries, our
+/// removed tokens), the variance divides by their count, and `l < max - n * sigma` is removed;
+/// here in f64 (llama.cpp: f32 sums). `n <= 0` is off (llama.cpp's `n <= 0` early return;
+/// its server default -1), as is a row with at most one finite logit. Stateless; three passes
+/// over the row (mean, deviation, mask), no allocation.
+///
+/// Place in the chain: a temperature `T` before it scales the logits, the maximum and `sigma`
+/// alike, so the set it keeps does not change (up to the rounding of `l / T` in f32: it commutes
+/// with [`super::Temperature`]); a penalty or bias before it changes the statistics.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TopNSigma {
+    n: f64,
+}
+
+impl TopNSigma {
+    /// Top-n-sigma `n`.
+    ///
+    /// # Errors
+    /// [`ParamError`] for `top_n_sigma` NaN or infinite (`n <= 0` is off).
+    pub fn new(n: f64) -> Result<Self, ParamError> {
+        if !n.is_finite() {
+            return Err(ParamError::new(
+                "top_n_sigma",
+                n,
+                "a finite number (<= 0 disables it)",
+            ));
+        }
+        Ok(Self { n })
+    }
+
+    /// `n`.
+    pub fn n(&self) -> f64 {
+        self.n
+    }
+}
+
+impl LogitsProcessor for TopNSigma {
+    fn name(&self) -> &str {
+        "top_n_sigma"
+    }
+    fn apply(
+        &mut self,
+        logits: &mut [f32],
+        _ctx: &ProcessorContext<'_>,
+    ) -> Result<(), SampleError> {
+        if self.n <= 0.0 {
+            return Ok(());
+        }
+        let (mut count, mut sum, mut max) = (0usize, 0.0f64, f32::NEG_INFINITY);
+        for &l in logits.iter().filter(|&&l| l != f32::NEG_INFINITY) {
+            count += 1;
+            sum += f64::from(l);
+            max = max.max(l);
+        }
+        if count <= 1 {
+            return Ok(());
+        }
+        let mean = sum / count as f64;
+        let sq: f64 = logits
+            .iter()
+            .filter(|&&l| l != f32::NEG_INFINITY)
+            .map(|&l| (f64::from(l) - mean).powi(2))
+            .sum();
+        let sigma = (sq / count as f64).sqrt();
+        let threshold = f64::from(max) - self.n * sigma;
+        for l in logits.iter_mut() {
+            if f64::from(*l) < threshold {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        Ok(())
+    }
+    fn box_clone(&self) -> Box<dyn LogitsProcessor> {
+        Box::new(self.clone())
+    }
+}
+
+/// Epsilon sampling: removes the tokens whose probability is below `epsilon`, keeping at least
+/// the `min_keep` most probable (Hewitt et al. 2022, "Truncation Sampling as Language Model
+/// Desmoothing"; Hugging Face `src/transformers/generation/logits_process.py`,
+/// `EpsilonLogitsWarper`: `probabilities < epsilon` removed unless among the top
+/// `min_tokens_to_keep`). The probabilities are the softmax of the finite logits: weights
+/// `exp(l - max)` in f32, their sum `z` in f64 (fixed id chunks), `w < epsilon * z` decided in
+/// f64; a probability equal to `epsilon` stays. When fewer than `min_keep` reach `epsilon`,
+/// exactly the `min_keep` best remain (ties to the lower id; Hugging Face keeps every token
+/// tied with the `min_keep`-th logit). Stateless; a max pass, an exp pass, a mask pass (and a
+/// count pass when `min_keep > 1`), buffers kept across calls.
+///
+/// Place in the chain: a fixed probability threshold, so its result depends on everything
+/// before it that changes the probabilities: a temperature before it changes the set (it does
+/// not commute with [`super::Temperature`]).
+#[derive(Clone, Debug)]
+pub struct Epsilon {
+    epsilon: f64,
+    min_keep: usize,
+    w: Vec<f32>,
+    buf: Vec<(f32, u32)>,
+}
+
+impl Epsilon {
+    /// Epsilon `epsilon`, `min_keep` 1.
+    ///
+    /// # Errors
+    /// [`ParamError`] for `epsilon_cutoff` outside `(0, 1)` (Hugging Face's check).
+    pub fn new(epsilon: f64) -> Result<Self, ParamError> {
+        if !(epsilon > 0.0 && epsilon < 1.0) {
+            return Err(ParamError::new("epsilon_cutoff", epsilon, "(0, 1)"));
+        }
+        Ok(Self {
+            epsilon,
+            min_keep: 1,
+            w: Vec::new(),
+            buf: Vec::new(),
+        })
+    }
+
+    /// The same filter keeping at least the `min_keep` best tokens.
+    ///
+    /// # Errors
+    /// [`ParamError`] for `min_keep` 0.
+    pub fn with_min_keep(mut self, min_keep: usize) -> Result<Self, ParamError> {
+        self.min_keep = check_min_keep(min_keep)?;
+        Ok(self)
+    }
+
+    /// The threshold.
+    pub fn epsilon(&self) -> f64 {
+        self.epsilon
+    }
+
+    /// The number of best tokens never removed.
+    pub fn min_keep(&self) -> usize {
+        self.min_keep
+    }
+}
+
+impl LogitsProcessor for Epsilon {
+    fn name(&self) -> &str {
+        "epsilon"
+    }
+    fn apply(
+        &mut self,
+        logits: &mut [f32],
+        _ctx: &ProcessorContext<'_>,
+    ) -> Result<(), SampleError> {
+        let Some(stats) = weigh(logits, &mut self.w) else {
+            return Ok(());
+        };
+        cut_below(
+            logits,
+            &self.w,
+            stats.z,
+            self.epsilon,
+            self.min_keep,
+            &mut self.buf,
+        );
         Ok(())
     }
     fn box_clone(&self) -> Box<dyn LogitsProcessor> {

@@ -73,7 +73,7 @@ pub use constraints::{
     AllowedTokenIds, BadWords, ForcedBos, ForcedEos, InfNanRemove, MinTokens, SuppressTokens,
     SuppressTokensAtBegin,
 };
-pub use filters::{MinP, TopK, TopP};
+pub use filters::{Epsilon, MinP, TopK, TopNSigma, TopP};
 pub use penalties::{
     EncoderRepetitionPenalty, ExponentialDecayLengthPenalty, FrequencyPresencePenalty, LogitBias,
     RepetitionPenalty, SequenceBias,
@@ -87,7 +87,7 @@ pub use stochastic::{
     adaptive_p_update, mirostat_distribution, mirostat_update, AdaptiveP, AdaptivePState, Mirostat,
     MirostatVersion, Xtc, ADAPTIVE_P_PEAK, ADAPTIVE_P_SHARPNESS, ADAPTIVE_P_WIDTH,
 };
-pub use temperature::Temperature;
+pub use temperature::{DynamicTemperature, Eta, LogSoftmax, Temperature, TopH, Typical};
 
 // ---------------------------------------------------------------------------------------------
 // Context and trait
