@@ -88,7 +88,7 @@ fn times(count: usize, each: usize) -> Option<usize> {
 
 /// The most `nucleus_sampling::sample_row` (or `sample_batch`'s work on one row, or
 /// `distribution`) may allocate for one row of `vocab` values under `params`, from its
-/// per-thread scratch (`sampler.rs`'s `Scratch`), sized by what the parameters switch on:
+/// per-thread scratch (`sampler/prepare.rs`'s `Scratch`), sized by what the parameters switch on:
 /// the dense f32 weights (4 bytes per entry, always counted); with a mask, bias or penalty,
 /// the row's f32 working copy, the occurrence counts and two bitsets (8.25);
 /// with top-p or min-p, a candidate (12 bytes) per entry, once per chunk and once merged, and
@@ -161,7 +161,7 @@ pub fn chain_row_bytes(
 }
 
 /// The most `nucleus_sampling::npu::top_k_top_p_sample` may allocate in one row's per-thread
-/// scratch (`npu.rs`'s `sample_row`) for a row of `vocab` values with these parameters: with
+/// scratch (`npu/mod.rs`'s `sample_row`) for a row of `vocab` values with these parameters: with
 /// top-k on (`1 <= top_k <= min(vocab, ks_max, 1024)`) or only the first token kept, a list
 /// of at most 1,024 candidates (and as much again while it is cut back); with top-p or min-p
 /// alone, a candidate per entry (12 bytes, up to twice that as the list grows) and the f32
@@ -187,7 +187,7 @@ pub fn npu_row_bytes(
 }
 
 /// The most `nucleus_sampling::npu::top_k_top_p_sample` may allocate for a `[batch, vocab]`
-/// call (`npu.rs`): the `[batch, vocab]` f32 `logits_top_kp_select` with `is_need_logits`;
+/// call (`npu/mod.rs`): the `[batch, vocab]` f32 `logits_top_kp_select` with `is_need_logits`;
 /// per thread that works on a row, the largest row scratch (`row_scratch`:
 /// [`npu_row_bytes`]) and a 16-bit row's f32 copy (`widened`, 4 bytes per entry); the
 /// results, ids and statuses per row. Without margin.

@@ -1,11 +1,15 @@
 //! Shared test support: the f64 oracle of spec/sampling.md, a reference Philox4x32-10, the
-//! spec's uniform, inverse-CDF selection and the chi-square critical value.
+//! spec's uniform, inverse-CDF selection and the chi-square critical value; and the helpers
+//! that the two halves of the large-row tests ([`large_rows`]) and of the `n` / `logprobs`
+//! tests ([`logprobs_n`]) share.
 //!
 //! Everything here is written from spec/sampling.md alone, never from the implementation.
 //! Each test binary uses a different part of it, hence `allow(dead_code)`.
 
 #![allow(dead_code)]
 
+pub mod large_rows;
+pub mod logprobs_n;
 pub mod oracle;
 pub mod stats;
 
