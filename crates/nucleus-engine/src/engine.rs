@@ -197,6 +197,9 @@ struct Sequence {
     stop_strings: Vec<String>,
     /// The sample's grammar state, when the request has a grammar.
     matcher: Option<GrammarMatcher>,
+    /// With mirostat: `mu` after each generated token (the sampler's
+    /// [`nucleus_sampling::SampleOutput::mirostat_mu`]), so a rollback restores it.
+    mirostat_mus: Vec<f64>,
 }
 
 /// The generation loop over one model.
@@ -401,6 +404,7 @@ impl Engine {
                 params: params.clone(),
                 prompt_ids: prompt.clone(),
                 output_ids: Vec::new(),
+                mirostat_mus: Vec::new(),
                 cache: self.model.new_cache(),
                 pending: if j == 0 {
                     prompt_ids.clone()
@@ -475,6 +479,7 @@ impl Engine {
             m.rollback(n)?;
         }
         seq.output_ids.truncate(generated - n);
+        seq.mirostat_mus.truncate(generated - n);
         let total: Vec<u32> = seq
             .prompt_ids
             .iter()
@@ -610,6 +615,7 @@ impl Engine {
                     sample_index: s.sample_index,
                     stop_token_ids: &s.end_ids,
                     token_bitmask: grammar_slot[k].map(|g| &masks[g * words..(g + 1) * words]),
+                    mirostat_mu: s.mirostat_mus.last().copied(),
                 }
             })
             .collect();
@@ -655,6 +661,9 @@ impl Engine {
                         out.logprob = s.logprob;
                         out.logprobs = s.logprobs;
                         seq.output_ids.push(s.token);
+                        if let Some(mu) = s.mirostat_mu {
+                            seq.mirostat_mus.push(mu);
+                        }
                         // A grammar that can take no more text ends the sample (before
                         // min_tokens, which would otherwise ban the only token it allows, and
                         // before max_tokens: the text is complete).

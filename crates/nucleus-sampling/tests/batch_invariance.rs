@@ -60,6 +60,25 @@ fn all_params() -> Vec<SamplingParams> {
             n: [1, 3, 1, 2, 5][i as usize % 5],
             logprobs: [None, Some(0), Some(4), Some(70)][i as usize % 4],
             logprobs_kind: [LogprobsKind::Raw, LogprobsKind::Processed][i as usize % 2],
+            // The extended processors of spec/sampling.md (one or two per neighbour, so that
+            // each runs beside the others in one batch; these rows take the chain path).
+            sequence_bias: if i == 1 {
+                vec![(vec![OUTPUT_LAST, 9], 4.0), (vec![12], -1.0)]
+            } else {
+                vec![]
+            },
+            dry_multiplier: if i == 2 || i == 9 { 0.8 } else { 0.0 },
+            dry_sequence_breakers: if i == 2 { vec![vec![5]] } else { vec![] },
+            no_repeat_ngram_size: if i == 3 { 2 } else { 0 },
+            dynatemp_range: if i == 4 { 0.5 } else { 0.0 },
+            typical_p: if i == 5 { 0.9 } else { 1.0 },
+            top_n_sigma: if i == 6 { 1.5 } else { -1.0 },
+            epsilon_cutoff: if i == 7 { 3e-3 } else { 0.0 },
+            eta_cutoff: if i == 8 { 3e-3 } else { 0.0 },
+            xtc_probability: if i == 9 || i == 10 { 0.7 } else { 0.0 },
+            min_keep: if i == 10 { 5 } else { 1 },
+            mirostat: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 0, 0][i as usize],
+            ..Default::default()
         });
     }
     v

@@ -705,6 +705,7 @@ fn random_case(g: &mut SplitMix) -> Case {
         n,
         logprobs,
         logprobs_kind,
+        ..Default::default()
     };
     Case {
         row,

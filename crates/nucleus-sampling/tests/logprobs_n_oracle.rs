@@ -102,6 +102,7 @@ fn random_case(g: &mut SplitMix) -> Case {
         n,
         logprobs,
         logprobs_kind: [LogprobsKind::Raw, LogprobsKind::Processed][g.below(2) as usize],
+        ..Default::default()
     };
     let position = if g.below(4) == 0 {
         g.next_u64()

@@ -87,6 +87,10 @@ pub use stochastic::{
     adaptive_p_update, mirostat_distribution, mirostat_update, AdaptiveP, AdaptivePState, Mirostat,
     MirostatVersion, Xtc, ADAPTIVE_P_PEAK, ADAPTIVE_P_SHARPNESS, ADAPTIVE_P_WIDTH,
 };
+/// Mirostat v1's `m` on the `SamplingParams` path: llama.cpp's server fixes it at 100
+/// (`common_sampler_init`: `llama_sampler_init_mirostat(n_vocab, seed, tau, eta, 100)`).
+pub const MIROSTAT_M: usize = 100;
+
 pub use temperature::{DynamicTemperature, Eta, LogSoftmax, Temperature, TopH, Typical};
 
 // ---------------------------------------------------------------------------------------------
@@ -644,21 +648,42 @@ impl SamplerChain {
         self.selection.to_adaptive_p().map(|_| self.state.adaptive)
     }
 
-    /// The fixed chain of spec/sampling.md steps 3-11 for `params`: [`AllowedTokenIds`],
-    /// [`BadWords`], [`MinTokens`], [`LogitBias`], [`RepetitionPenalty`],
-    /// [`FrequencyPresencePenalty`], then either [`Selection::Greedy`] (temperature below
-    /// 1e-5: steps 7-10 are skipped) or [`Temperature`], [`MinP`], [`TopK`], [`TopP`] and
-    /// [`Selection::Sample`]. Steps whose parameter is off are left out (they would be no-ops).
+    /// Sets mirostat's `mu` (for a stateless caller that carries it per request, as the
+    /// `SamplingParams` path does with [`crate::SampleRequest::mirostat_mu`]); no pending
+    /// distribution. Does nothing for the other selections.
+    pub fn set_mirostat_mu(&mut self, mu: f64) {
+        if self.selection.to_mirostat().is_some() {
+            self.state.mu = mu;
+            self.state.pending = None;
+        }
+    }
+
+    /// The fixed chain of spec/sampling.md steps 3-11 and its "Extended processors in the fixed
+    /// path" for `params`:
+    /// 3. [`AllowedTokenIds`], [`BadWords`], [`MinTokens`];
+    /// 4. [`LogitBias`], 4a [`SequenceBias`];
+    /// 5. [`RepetitionPenalty`], [`FrequencyPresencePenalty`], 5a [`Dry`], 5b [`NoRepeatNGram`];
+    /// 6. temperature below 1e-5: [`Selection::Greedy`], steps 7-11 skipped (mirostat included);
+    /// 7. [`DynamicTemperature`] when `dynatemp_range > 0`, else [`Temperature`]
+    ///    ([`Temperature::after_max_subtraction`]);
+    /// 8. - 10e. with `mirostat` 0: [`MinP`], [`TopK`], [`TopP`], [`Typical`], [`TopNSigma`],
+    ///    [`Epsilon`], [`Eta`], [`Xtc`], every filter with `min_keep`, then
+    ///    [`Selection::Sample`]; with `mirostat` 1 or 2 none of them, and
+    ///    [`Selection::Mirostat`] (m = 100, as llama.cpp's server) or [`Selection::MirostatV2`].
+    ///
+    /// Steps whose parameter is off are left out (they would be no-ops).
     ///
     /// Its results equal [`crate::sample_row`] and [`crate::distribution`] with the same
     /// context (the prompt given to [`Self::reset`], the output ids to [`Self::accept`]), up to
-    /// the rounding that spec/sampling.md ("Arithmetic") allows at boundaries.
+    /// the rounding that spec/sampling.md ("Arithmetic") allows at boundaries; requests with
+    /// extended fields run on this chain inside [`crate::sample_row`].
     ///
     /// # Errors
     /// [`ParamError`] from [`crate::SamplingParams::validate`].
     pub fn from_params(params: &crate::SamplingParams) -> Result<Self, ParamError> {
         params.validate()?;
         let (n, logprobs, logprobs_kind) = (params.n, params.logprobs, params.logprobs_kind);
+        let seed = params.seed;
         let selection = if params.is_greedy() {
             Selection::Greedy {
                 n,
@@ -666,11 +691,30 @@ impl SamplerChain {
                 logprobs_kind,
             }
         } else {
-            Selection::Sample {
-                seed: params.seed,
-                n,
-                logprobs,
-                logprobs_kind,
+            match params.mirostat {
+                1 => Selection::Mirostat {
+                    tau: params.mirostat_tau,
+                    eta: params.mirostat_eta,
+                    m: MIROSTAT_M,
+                    seed,
+                    n,
+                    logprobs,
+                    logprobs_kind,
+                },
+                2 => Selection::MirostatV2 {
+                    tau: params.mirostat_tau,
+                    eta: params.mirostat_eta,
+                    seed,
+                    n,
+                    logprobs,
+                    logprobs_kind,
+                },
+                _ => Selection::Sample {
+                    seed,
+                    n,
+                    logprobs,
+                    logprobs_kind,
+                },
             }
         };
         let mut chain = Self::new(selection);
@@ -686,6 +730,9 @@ impl SamplerChain {
         if !params.logit_bias.is_empty() {
             chain.push(LogitBias::new(params.logit_bias.clone())?);
         }
+        if !params.sequence_bias.is_empty() {
+            chain.push(SequenceBias::new(params.sequence_bias.clone())?);
+        }
         if params.repetition_penalty != 1.0 {
             chain.push(RepetitionPenalty::new(params.repetition_penalty)?);
         }
@@ -695,19 +742,63 @@ impl SamplerChain {
                 params.presence_penalty,
             )?);
         }
-        if !params.is_greedy() {
-            if params.temperature != 1.0 {
-                chain.push(Temperature::after_max_subtraction(params.temperature)?);
-            }
-            if params.min_p > 0.0 {
-                chain.push(MinP::new(params.min_p)?);
-            }
-            if params.top_k > 0 {
-                chain.push(TopK::new(params.top_k)?);
-            }
-            if params.top_p < 1.0 {
-                chain.push(TopP::new(params.top_p)?);
-            }
+        if params.dry_enabled() {
+            chain.push(Dry::new(
+                params.dry_multiplier,
+                params.dry_base,
+                i64::try_from(params.dry_allowed_length).unwrap_or(i64::MAX),
+                params.dry_penalty_last_n,
+                params.dry_sequence_breakers.clone(),
+            )?);
+        }
+        if params.no_repeat_ngram_size > 0 {
+            chain.push(NoRepeatNGram::new(
+                i64::try_from(params.no_repeat_ngram_size).unwrap_or(i64::MAX),
+            )?);
+        }
+        if params.is_greedy() {
+            return Ok(chain);
+        }
+        if params.dynatemp_range > 0.0 {
+            chain.push(DynamicTemperature::new(
+                params.temperature,
+                params.dynatemp_range,
+                params.dynatemp_exponent,
+            )?);
+        } else if params.temperature != 1.0 {
+            chain.push(Temperature::after_max_subtraction(params.temperature)?);
+        }
+        if params.mirostat != 0 {
+            return Ok(chain);
+        }
+        let keep = params.min_keep;
+        if params.min_p > 0.0 {
+            chain.push(MinP::new(params.min_p)?.with_min_keep(keep)?);
+        }
+        if params.top_k > 0 {
+            chain.push(TopK::new(params.top_k)?.with_min_keep(keep)?);
+        }
+        if params.top_p < 1.0 {
+            chain.push(TopP::new(params.top_p)?.with_min_keep(keep)?);
+        }
+        if params.typical_p < 1.0 {
+            chain.push(Typical::new(params.typical_p)?.with_min_keep(keep)?);
+        }
+        if params.top_n_sigma > 0.0 {
+            chain.push(TopNSigma::new(params.top_n_sigma)?);
+        }
+        if params.epsilon_cutoff > 0.0 {
+            chain.push(Epsilon::new(params.epsilon_cutoff)?.with_min_keep(keep)?);
+        }
+        if params.eta_cutoff > 0.0 {
+            chain.push(Eta::new(params.eta_cutoff)?.with_min_keep(keep)?);
+        }
+        if params.xtc_probability > 0.0 && params.xtc_threshold <= 0.5 {
+            chain.push(Xtc::new(
+                params.xtc_threshold,
+                params.xtc_probability,
+                keep,
+            )?);
         }
         Ok(chain)
     }
@@ -953,6 +1044,7 @@ impl SamplerChain {
                         })
                         .collect(),
                     logprobs: None,
+                    mirostat_mu: None,
                 }
             }
             _ => {
@@ -979,6 +1071,7 @@ impl SamplerChain {
                     seed,
                     extra_samples,
                     logprobs: None,
+                    mirostat_mu: None,
                 }
             }
         };

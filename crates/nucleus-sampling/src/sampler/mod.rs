@@ -61,6 +61,7 @@ use crate::philox;
 use crate::view::{InputKind, LogitValue, LogitsView};
 
 mod check;
+mod extended;
 mod logprobs;
 mod modify;
 mod prepare;
@@ -123,6 +124,11 @@ pub struct SampleRequest<'a> {
     /// of the row (the caller's logits are not changed). At least `ceil(vocab_size / 32)`
     /// words; words past the vocabulary (a padded row's) are not read. `None`: no mask.
     pub token_bitmask: Option<&'a [u32]>,
+    /// Mirostat's `mu` before this step, carried per request by the caller from the previous
+    /// step's [`SampleOutput::mirostat_mu`] (spec/sampling.md, "Extended processors": "its
+    /// `mu` carried per request"). `None`: the start value `2 * mirostat_tau`. Read only when
+    /// [`SamplingParams::mirostat`] is 1 or 2.
+    pub mirostat_mu: Option<f64>,
 }
 
 impl<'a> SampleRequest<'a> {
@@ -141,7 +147,14 @@ impl<'a> SampleRequest<'a> {
             sample_index: 0,
             stop_token_ids: &[],
             token_bitmask: None,
+            mirostat_mu: None,
         }
+    }
+
+    /// The same request with mirostat's `mu` carried from the previous step.
+    pub fn with_mirostat_mu(mut self, mu: f64) -> Self {
+        self.mirostat_mu = Some(mu);
+        self
     }
 
     /// The same request with this token bitmask row (see [`Self::token_bitmask`]).
@@ -181,6 +194,10 @@ pub struct SampleOutput {
     pub extra_samples: Vec<Sample>,
     /// The log-probabilities asked for with [`SamplingParams::logprobs`]; `None` when not asked.
     pub logprobs: Option<Logprobs>,
+    /// With [`SamplingParams::mirostat`] 1 or 2: `mu` after [`Self::token`] is accepted
+    /// (`mu - eta * (-log2 p(token) - tau)`, p under the truncated distribution), to pass as the
+    /// next step's [`SampleRequest::mirostat_mu`]. `None` otherwise (greedy included).
+    pub mirostat_mu: Option<f64>,
 }
 
 impl SampleOutput {
@@ -298,6 +315,9 @@ fn sample_kind(
     split: bool,
 ) -> Result<SampleOutput, SampleError> {
     let params = request.params;
+    if params.uses_extended() {
+        return extended::sample(row, kind, request);
+    }
     let seed = match params.seed {
         Some(seed) => seed,
         None => os_seed()?,
@@ -358,6 +378,7 @@ fn sample_kind(
             seed,
             extra_samples,
             logprobs: None,
+            mirostat_mu: None,
         };
         if let Some(top) = params.logprobs {
             output.logprobs = Some(match params.logprobs_kind {
@@ -401,6 +422,9 @@ fn distribution_kind(
     request: &SampleRequest<'_>,
     split: bool,
 ) -> Result<Vec<f64>, SampleError> {
+    if request.params.uses_extended() {
+        return extended::distribution(row, kind, request);
+    }
     with_scratch(|scratch| {
         let prepared = prepare(row, kind, request, scratch, split)?;
         let mut out = vec![0.0f64; row.len()];
