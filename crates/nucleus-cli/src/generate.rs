@@ -637,6 +637,23 @@ fn check_vocab_ids(args: &GenerateArgs, vocab_size: usize) -> Result<()> {
     Ok(())
 }
 
+/// `--dry-sequence-breaker` resolved with the model's tokenizer: llama.cpp's defaults when
+/// none is given, none for `none` alone.
+fn dry_breakers(args: &GenerateArgs, tokenizer: &ModelTokenizer) -> Result<Vec<Vec<u32>>> {
+    let given = &args.dry_sequence_breaker;
+    if given.len() == 1 && given[0] == "none" {
+        return Ok(Vec::new());
+    }
+    let strings: Vec<&str> = if given.is_empty() {
+        nucleus_sampling::chain::DRY_DEFAULT_SEQUENCE_BREAKERS.to_vec()
+    } else {
+        given.iter().map(String::as_str).collect()
+    };
+    tokenizer
+        .dry_sequence_breakers(&strings)
+        .map_err(|e| UsageError::new(format!("--dry-sequence-breaker: {e}")).into())
+}
+
 /// How errors name request `index`: by the flag it came from, and its index.
 fn request_label(args: &GenerateArgs, index: usize) -> String {
     if args.messages.is_some() {
@@ -837,7 +854,7 @@ pub fn run(args: GenerateArgs) -> Result<ExitCode> {
         report::warning(&warning.to_string());
     }
     let (defaults, defaults_file) = generation_config.defaults(&path)?;
-    let (params, max_tokens, taken) = sampling_params(&args, &defaults);
+    let (mut params, max_tokens, taken) = sampling_params(&args, &defaults);
     if let (Some(file), false) = (&defaults_file, taken.is_empty()) {
         report::note(&format!(
             "defaults from {}: {}",
@@ -858,6 +875,9 @@ pub fn run(args: GenerateArgs) -> Result<ExitCode> {
         .into());
     }
     check_vocab_ids(&args, loaded.model.config().vocab_size)?;
+    if args.dry_multiplier > 0.0 && args.dry_penalty_last_n != 0 {
+        params.dry_sequence_breakers = dry_breakers(&args, &loaded.tokenizer)?;
+    }
     let config = loaded.model.config().clone();
     let tokenizer = loaded.tokenizer.clone();
     let mut engine = Engine::new(loaded.model, loaded.tokenizer, EngineConfig::default());

@@ -422,6 +422,43 @@ fn flags_without_effect_or_out_of_range_are_usage_errors() {
             "presence_penalty",
         ),
         (&["--prompt", "x", "--min-p", "2"][..], "min_p"),
+        (&["--prompt", "x", "--typical-p", "0"][..], "typical_p"),
+        (&["--prompt", "x", "--mirostat", "3"][..], "mirostat"),
+        (&["--prompt", "x", "--min-keep", "0"][..], "min_keep"),
+        (
+            &["--prompt", "x", "--xtc-probability", "2"][..],
+            "xtc_probability",
+        ),
+        (
+            &["--prompt", "x", "--epsilon-cutoff", "1"][..],
+            "epsilon_cutoff",
+        ),
+        (
+            &[
+                "--prompt",
+                "x",
+                "--dry-base",
+                "0.5",
+                "--dry-multiplier",
+                "1",
+            ][..],
+            "dry_base",
+        ),
+        (
+            &["--prompt", "x", "--sequence-bias", "1,x=2"][..],
+            "token id `x`",
+        ),
+        (
+            &[
+                "--prompt",
+                "x",
+                "--dry-multiplier",
+                "1",
+                "--dry-sequence-breaker",
+                "",
+            ][..],
+            "--dry-sequence-breaker",
+        ),
         (
             &["--prompt", "x", "--prompt-file", "f"][..],
             "cannot be used with",
@@ -454,4 +491,76 @@ fn flags_without_effect_or_out_of_range_are_usage_errors() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(says), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn extended_sampling_flags_reach_the_sampler() {
+    let greedy_args = [
+        "--prompt",
+        "Once",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "10",
+    ];
+    let greedy = greedy_oracle("Once", 10);
+    let tokens: Vec<u32> = greedy.iter().map(|g| g.0).collect();
+
+    // --sequence-bias: a two-token sequence (greedy's first token, 300) biased +100 fires once
+    // that first token is out, so 300 follows it.
+    let seq = format!("{},300=100", tokens[0]);
+    let got = ids(&one_json(&greedy_args, &["--sequence-bias", &seq]));
+    assert_eq!(got[..2], [tokens[0], 300], "{got:?}");
+
+    // --no-repeat-ngram-size 1 bans every id already in the sequence: no generated id repeats
+    // or occurs in the prompt.
+    let c = one_json(&greedy_args, &["--no-repeat-ngram-size", "1"]);
+    let got = ids(&c);
+    let loaded = load_model(Path::new(&model()), &Device::Cpu).expect("load");
+    let prompt = loaded
+        .tokenizer
+        .tokenizer
+        .encode("Once", true)
+        .expect("encode")
+        .get_ids()
+        .to_vec();
+    assert_eq!(c["usage"]["prompt_tokens"], prompt.len());
+    assert_eq!(got.len(), 10);
+    for (i, t) in got.iter().enumerate() {
+        assert!(
+            !got[..i].contains(t) && !prompt.contains(t),
+            "{got:?} / {prompt:?}"
+        );
+    }
+
+    // --mirostat 2 with tau 0 keeps only tokens of surprise <= mu = 0, so the most probable
+    // alone (llama.cpp's keep-one rule), whose surprise under the truncated distribution is 0:
+    // mu stays 0 and every step is the argmax, whatever the seed and temperature 1.
+    let got = ids(&one_json(
+        &["--prompt", "Once", "--max-tokens", "10", "--seed", "5"],
+        &["--mirostat", "2", "--mirostat-tau", "0", "--top-k", "1"],
+    ));
+    assert_eq!(got, tokens);
+
+    // DRY with llama.cpp's default breakers (resolved with the model's SentencePiece
+    // vocabulary), XTC, typical-p and top-n-sigma run; the same seed gives the same tokens.
+    let args = [
+        "--prompt",
+        "Once",
+        "--max-tokens",
+        "16",
+        "--seed",
+        "9",
+        "--dry-multiplier",
+        "0.8",
+        "--xtc-probability",
+        "0.5",
+        "--typical-p",
+        "0.95",
+        "--top-n-sigma",
+        "2",
+    ];
+    let a = ids(&one_json(&args, &[]));
+    assert_eq!(a.len(), 16);
+    assert_eq!(a, ids(&one_json(&args, &[])));
 }

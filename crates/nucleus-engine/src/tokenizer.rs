@@ -277,6 +277,58 @@ impl ModelTokenizer {
         Ok(text)
     }
 
+    /// The number of ids of the vocabulary, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.tokenizer.get_vocab_size(true)
+    }
+
+    /// The bytes token `id` stands for, as llama.cpp's `token_to_piece` / `detokenize({id},
+    /// true)` gives them: a byte-level BPE token's bytes (GPT-2's byte-to-unicode table
+    /// inverted, so a token holding half of a UTF-8 character gives that half), an added
+    /// token's text, a SentencePiece byte token `<0xHH>`'s byte, else the decoded text of the
+    /// token alone. `None` for an id outside the vocabulary.
+    pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        let piece = self.tokenizer.id_to_token(id)?;
+        let added = self.tokenizer.get_added_vocabulary();
+        if added.simple_id_to_token(id).is_some() {
+            return Some(piece.into_bytes());
+        }
+        if self.kind == TokenizerKind::Gpt2 {
+            return piece.chars().map(gpt2_char_byte).collect();
+        }
+        if let Some(hex) = piece.strip_prefix("<0x").and_then(|h| h.strip_suffix('>')) {
+            if let (2, Ok(b)) = (hex.len(), u8::from_str_radix(hex, 16)) {
+                return Some(vec![b]);
+            }
+        }
+        self.decode(&[id], false).ok().map(String::into_bytes)
+    }
+
+    /// DRY's sequence breakers (llama.cpp `dry_sequence_breakers`, default
+    /// [`nucleus_sampling::chain::DRY_DEFAULT_SEQUENCE_BREAKERS`]) resolved to token-id
+    /// sequences against this vocabulary as llama.cpp's `get_overlapping_token_sequences`
+    /// resolves them ([`nucleus_sampling::chain::resolve_sequence_breakers`]): every token whose
+    /// bytes ([`Self::token_bytes`]) contain a breaker, or end with a prefix of it followed by
+    /// the encoding of the rest (plain text: no BOS, special spellings not parsed). One pass
+    /// over the vocabulary per call.
+    ///
+    /// # Errors
+    /// [`EngineError::InvalidRequest`] for a breaker that is empty or longer than 40 bytes, more
+    /// than 64 breakers, or a tail that is not valid UTF-8 on its own.
+    pub fn dry_sequence_breakers(&self, breakers: &[impl AsRef<str>]) -> Result<Vec<Vec<u32>>> {
+        let n = self.tokenizer.get_vocab_size(true) as u32;
+        let texts: Vec<Vec<u8>> = (0..n)
+            .map(|id| self.token_bytes(id).unwrap_or_default())
+            .collect();
+        let encode = |bytes: &[u8]| -> std::result::Result<Vec<u32>, String> {
+            let text = std::str::from_utf8(bytes)
+                .map_err(|_| format!("the tail {bytes:?} is not valid UTF-8"))?;
+            self.encode(text, false, false).map_err(|e| e.to_string())
+        };
+        nucleus_sampling::chain::resolve_sequence_breakers(breakers, &texts, encode)
+            .map_err(|e| EngineError::InvalidRequest(e.to_string()))
+    }
+
     /// Builds the tokenizer described by `content`'s `tokenizer.ggml.*` metadata (see the module
     /// docs for what each kind becomes).
     ///
@@ -937,6 +989,23 @@ fn gpt2_tokenizer(content: &gguf_file::Content) -> Result<ModelTokenizer> {
         TokenizerKind::Gpt2,
         warnings,
     )
+}
+
+/// The byte GPT-2's byte-level alphabet writes as `c` (`bytes_to_unicode` inverted: the
+/// printable bytes 33-126, 161-172 and 174-255 stand for themselves, the other 68 bytes for
+/// U+0100 onwards in byte order).
+fn gpt2_char_byte(c: char) -> Option<u8> {
+    let c = c as u32;
+    let printable =
+        |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    if c < 256 && printable(c) {
+        return Some(c as u8);
+    }
+    let k = c.checked_sub(256)?;
+    (0u32..256)
+        .filter(|&b| !printable(b))
+        .nth(k as usize)
+        .map(|b| b as u8)
 }
 
 #[cfg(test)]

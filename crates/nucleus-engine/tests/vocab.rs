@@ -440,3 +440,74 @@ fn load_tokenizer_reads_tokenizer_json_and_names_bad_paths() -> Result<()> {
     );
     Ok(())
 }
+
+/// `token_bytes` of a byte-level vocabulary inverts GPT-2's byte alphabet: wherever a token
+/// decodes alone to complete UTF-8 (no U+FFFD), its bytes are that text; the 256 single-byte
+/// tokens cover every byte once. SentencePiece byte tokens `<0xHH>` give their byte.
+#[test]
+fn token_bytes_are_the_bytes_a_token_stands_for() -> Result<()> {
+    for name in ["gpt-2", "llama-bpe", "qwen2"] {
+        let tok = load(name)?;
+        let mut single = std::collections::BTreeSet::new();
+        let mut checked = 0;
+        for id in 0..tok.vocab_size() as u32 {
+            let bytes = tok.token_bytes(id).expect("in the vocabulary");
+            let text = tok.decode(&[id], false)?;
+            if !text.contains('\u{FFFD}') {
+                assert_eq!(bytes, text.as_bytes(), "{name} id {id}");
+                checked += 1;
+            }
+            if bytes.len() == 1 {
+                single.insert(bytes[0]);
+            }
+        }
+        assert!(checked > 40_000, "{name}: {checked}");
+        assert_eq!(single.len(), 256, "{name}: single-byte tokens");
+        assert_eq!(tok.token_bytes(tok.vocab_size() as u32), None);
+    }
+    // Llama 2's vocabulary holds the byte tokens <0x00>..<0xFF> at ids 3..=258.
+    let spm = load("llama-spm")?;
+    for b in [0x0Au8, 0x41, 0xC3, 0xFF] {
+        assert_eq!(
+            spm.token_bytes(3 + u32::from(b)),
+            Some(vec![b]),
+            "byte {b:#x}"
+        );
+    }
+    Ok(())
+}
+
+/// DRY's default breakers against Llama 3's vocabulary (llama.cpp
+/// `get_overlapping_token_sequences`): every token whose bytes hold `:`, `"`, `*` or a
+/// newline is a one-token breaker; no single-token sequence lacks one of them; and "\n"'s
+/// own token is among them.
+#[test]
+fn dry_default_breakers_resolve_against_a_real_vocabulary() -> Result<()> {
+    let tok = load("llama-bpe")?;
+    let breakers = nucleus_sampling::chain::DRY_DEFAULT_SEQUENCE_BREAKERS;
+    let got = tok.dry_sequence_breakers(&breakers)?;
+    let singles: std::collections::BTreeSet<u32> =
+        got.iter().filter(|s| s.len() == 1).map(|s| s[0]).collect();
+    for id in 0..tok.vocab_size() as u32 {
+        let bytes = tok.token_bytes(id).unwrap();
+        let holds = bytes
+            .iter()
+            .any(|b| matches!(b, b'\n' | b':' | b'"' | b'*'));
+        assert_eq!(singles.contains(&id), holds, "id {id} {bytes:?}");
+    }
+    let newline = tok.encode("\n", false, false)?;
+    assert!(got.contains(&newline));
+    // Single-character breakers have no proper prefix, so nothing longer than one token.
+    assert!(got.iter().all(|s| s.len() == 1));
+    // A two-character breaker adds (token ending in its first character, rest) pairs.
+    let got = tok.dry_sequence_breakers(&["a:"])?;
+    let colon = tok.encode(":", false, false)?;
+    let a_ending = got
+        .iter()
+        .filter(|s| s.len() == 2)
+        .inspect(|s| assert_eq!(s[1..], colon[..], "{s:?}"))
+        .count();
+    assert!(a_ending > 100, "{a_ending}");
+    assert!(tok.dry_sequence_breakers(&[""]).is_err());
+    Ok(())
+}
