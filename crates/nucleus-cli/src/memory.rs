@@ -100,6 +100,9 @@ pub fn sampler_row_bytes(
     params: &nucleus_sampling::SamplingParams,
     widened: bool,
 ) -> Option<usize> {
+    if params.uses_extended() {
+        return extended_row_bytes(vocab, params, widened);
+    }
     // The sampler's `modifies_logits`, leaving out the context it also looks at (so a penalty
     // on a row without context counts too).
     let modifies = params.allowed_token_ids.is_some()
@@ -142,22 +145,74 @@ pub fn sampler_row_bytes(
 }
 
 /// The most a `nucleus_sampling::chain::SamplerChain` of `configs` may allocate for one row
-/// of `vocab` values (`chain.rs`): its f32 copy of the row and its weights (8 bytes per
-/// entry), and the buffer each `top_k` entry (an (f32, u32) pair per entry, up to twice that
-/// as it grows: 16) and each `top_p` entry (12, so 24) keeps. Without margin.
+/// of `vocab` values (`chain/`): its f32 copy of the row and its weights (8 bytes per entry),
+/// and the buffers the processors keep, per entry (upper bounds, growth included): `top_k`
+/// 16 (+8 for `min_keep`), `top_p` 24, `min_p` 8, `typical` 8 plus 256 KiB of histograms,
+/// `epsilon` / `eta` 12, `xtc` 16, `dynatemp` 4, `top_h` 4 plus 128 KiB, the `mirostat`
+/// selection 28 and `adaptive_p` 4. DRY and the n-gram bans keep the sequence (bounded by the
+/// context, not the row). Without margin.
 pub fn chain_row_bytes(
     vocab: usize,
     configs: &[nucleus_sampling::chain::ProcessorConfig],
 ) -> Option<usize> {
-    use nucleus_sampling::chain::ProcessorConfig;
+    use nucleus_sampling::chain::ProcessorConfig as C;
+    let mut fixed = 0usize;
     let per_entry = configs.iter().try_fold(8usize, |b, c| {
         b.checked_add(match c {
-            ProcessorConfig::TopK { .. } => 16,
-            ProcessorConfig::TopP { .. } => 24,
+            C::TopK { .. } => 24,
+            C::TopP { .. } => 24,
+            C::MinP { .. } => 8,
+            C::Typical { .. } => {
+                fixed += 256 << 10;
+                8
+            }
+            C::Epsilon { .. } | C::Eta { .. } => 12,
+            C::Xtc { .. } => 16,
+            C::Dynatemp { .. } => 4,
+            C::TopH { .. } => {
+                fixed += 128 << 10;
+                4
+            }
+            C::Mirostat { .. } => 28,
+            C::AdaptiveP { .. } => 4,
             _ => 0,
         })
     })?;
-    times(vocab, per_entry)
+    times(vocab, per_entry)?.checked_add(fixed)
+}
+
+/// [`sampler_row_bytes`] for a request with extended fields, which runs on
+/// `SamplerChain::from_params`: the chain's row copy and weights, the buffers of the filters
+/// it holds (as [`chain_row_bytes`]), a 16-bit row's copy, logprobs and samples.
+fn extended_row_bytes(
+    vocab: usize,
+    p: &nucleus_sampling::SamplingParams,
+    widened: bool,
+) -> Option<usize> {
+    let on = |b: bool, each: usize| if b { each } else { 0 };
+    let sampled = !p.is_greedy();
+    let filters = sampled && p.mirostat == 0;
+    let per_entry = 8
+        + on(filters && p.top_k > 0, 24)
+        + on(filters && p.top_p < 1.0, 24)
+        + on(filters && p.min_p > 0.0, 8)
+        + on(filters && p.typical_p < 1.0, 8)
+        + on(filters && p.epsilon_cutoff > 0.0, 12)
+        + on(filters && p.eta_cutoff > 0.0, 12)
+        + on(filters && p.xtc_probability > 0.0, 16)
+        + on(sampled && p.dynatemp_range > 0.0, 4)
+        + on(sampled && p.mirostat == 1, 28)
+        + on(widened, 4);
+    sum(&[
+        times(vocab, per_entry),
+        Some(if filters && p.typical_p < 1.0 {
+            256 << 10
+        } else {
+            0
+        }),
+        p.logprobs.map_or(Some(0), |top| times(top.min(vocab), 32)),
+        times(p.n, 16),
+    ])
 }
 
 /// The most `nucleus_sampling::npu::top_k_top_p_sample` may allocate in one row's per-thread

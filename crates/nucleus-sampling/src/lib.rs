@@ -29,6 +29,14 @@
 //!   so users can add their own; [`ProcessorConfig`] is a chain's configuration as serde data
 //!   (JSON such as `[{"top_k": {"k": 50}}, {"temperature": {"t": 0.8}}, {"sample": {"seed": 42}}]`);
 //!   [`SamplerChain::from_params`] is the fixed `SamplingParams` path as a chain.
+//!   The catalogue (one file per family in `chain/`): constraints (forced BOS/EOS, suppress
+//!   tokens, inf/nan removal), penalties (sequence bias, encoder repetition penalty,
+//!   exponential decay length penalty), temperature and entropy (dynamic temperature, typical,
+//!   eta, top-h, log-softmax), filters (min-p, top-k, top-p, top-n-sigma, epsilon, all with
+//!   `min_keep`), repetition avoidance (DRY, no-repeat-ngram) and stochastic ones (XTC; the
+//!   selections mirostat v1/v2 and adaptive-p). Requests whose [`SamplingParams`] set an
+//!   extended field (spec/sampling.md, "Extended processors in the fixed path") run on
+//!   [`SamplerChain::from_params`] inside [`sample_row`] / [`sample_batch`].
 //! - [`top_k_top_p_sample`] (module [`npu`]): the fused top-k -> top-p -> min-p ->
 //!   exponential-sampling operator with the semantics of Ascend's
 //!   `torch_npu.npu_top_k_top_p_sample` (`spec/npu_top_k_top_p_sample.md`), exact and in
