@@ -5,6 +5,10 @@ use crate::error::{ParamError, SampleError};
 
 /// Only these ids may be chosen: every other logit becomes `-inf` (spec step 3; vLLM's
 /// `allowed_token_ids`). Stateless. O(vocab) per row.
+///
+/// Place in the chain: a hard constraint: `-inf` stays `-inf` through every later processor, so it commutes
+/// with everything after it; a processor that writes finite values over `-inf` (forced BOS/EOS,
+/// `inf_nan_remove`) undoes it when placed after it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AllowedTokenIds {
     /// Sorted, without duplicates.
@@ -67,6 +71,8 @@ impl LogitsProcessor for AllowedTokenIds {
 /// Banned token sequences (spec step 3; vLLM's `bad_words` as token ids): the last token of a
 /// sequence becomes `-inf` when the generated ids ([`ProcessorContext::output_ids`]) end with
 /// the rest of it; a one-token sequence is always banned. Stateless.
+///
+/// Place in the chain: as [`AllowedTokenIds`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct BadWords {
     words: Vec<Vec<u32>>,
@@ -120,6 +126,8 @@ impl LogitsProcessor for BadWords {
 /// Bans the EOS and stop ids ([`ProcessorContext::stop_token_ids`]) while fewer than
 /// `min_tokens` tokens have been generated (`ctx.output_ids.len() < min_tokens`; spec step 3,
 /// vLLM's `min_tokens`). Stateless. 0 is off.
+///
+/// Place in the chain: as [`AllowedTokenIds`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MinTokens {
     min_tokens: usize,

@@ -95,6 +95,10 @@ pub(crate) fn cut_below(
 /// `min_keep` most probable tokens are never removed; when fewer pass the threshold, exactly
 /// the `min_keep` best remain (ties to the lower id). With `min_keep` 1 nothing changes (the
 /// maximum always passes).
+///
+/// Place in the chain: a threshold relative to the most likely token: a temperature before it changes the
+/// probabilities it compares (so its set), a shift does not; after other filters it sees their
+/// survivors only.
 #[derive(Clone, Debug)]
 pub struct MinP {
     p: f64,
@@ -183,6 +187,9 @@ impl LogitsProcessor for MinP {
 /// `min_keep` (Hugging Face `TopKLogitsWarper`'s `min_tokens_to_keep`, default 1): an enabled
 /// top-k keeps `max(k, min_keep)` tokens, as `top_k = max(top_k, min_tokens_to_keep)` there;
 /// an off top-k stays off.
+///
+/// Place in the chain: the k largest logits are the same under any temperature or shift, so it commutes with
+/// those; after another filter it counts only that filter's survivors.
 #[derive(Clone, Debug)]
 pub struct TopK {
     k: usize,
@@ -255,6 +262,9 @@ impl LogitsProcessor for TopK {
 ///
 /// `min_keep` (Hugging Face `TopPLogitsWarper`'s `min_tokens_to_keep`, default 1): the prefix
 /// is at least `min_keep` long (the `min_keep` most probable are never removed).
+///
+/// Place in the chain: a cumulative-mass rule: a temperature before it changes the set, a shift does not;
+/// after another filter it renormalises over that filter's survivors.
 #[derive(Clone, Debug)]
 pub struct TopP {
     p: f64,

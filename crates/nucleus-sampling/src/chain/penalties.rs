@@ -9,6 +9,10 @@ use crate::params::LOGIT_BIAS_LIMIT;
 /// Adds a bias to the logits of some ids: `l = (l as f64 + bias) as f32`, each bias clamped to
 /// `[-100, 100]` (spec step 4; OpenAI's and vLLM's `logit_bias`). `-inf` stays `-inf`.
 /// Stateless.
+///
+/// Place in the chain: an additive shift of some logits: it commutes with other additive steps (frequency,
+/// presence, sequence bias) but not with a temperature (a bias before `T` is divided by `T`) or
+/// a repetition penalty (which looks at the signs).
 #[derive(Clone, Debug, PartialEq)]
 pub struct LogitBias {
     /// (id, clamped bias), ascending id.
@@ -78,6 +82,10 @@ impl LogitsProcessor for LogitBias {
 ///
 /// Stateful: [`LogitsProcessor::reset`] takes the prompt ids, [`LogitsProcessor::accept`] each
 /// committed token; the context's ids are not read. Cloning copies the state.
+///
+/// Place in the chain: its result depends on the signs of the logits it sees, so it does not commute with
+/// additive steps (bias) or a shift (log-softmax, [`super::Temperature::after_max_subtraction`]);
+/// with a pure-division temperature it commutes (the signs do not change).
 #[derive(Clone, Debug)]
 pub struct RepetitionPenalty {
     penalty: f64,
@@ -220,6 +228,9 @@ impl LogitsProcessor for RepetitionPenalty {
 ///
 /// Stateful: counts come from [`LogitsProcessor::accept`]; [`LogitsProcessor::reset`] clears
 /// them. Cloning copies the counts.
+///
+/// Place in the chain: an additive shift of the seen ids: it commutes with other additive steps, not with a
+/// temperature (before `T` it is divided by `T`) or a repetition penalty.
 #[derive(Clone, Debug)]
 pub struct FrequencyPresencePenalty {
     frequency: f64,
