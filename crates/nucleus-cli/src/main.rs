@@ -84,6 +84,10 @@ struct BenchSamplingArgs {
     /// Timed runs per measurement (default: at least 7, more within 0.25 s each); µs are medians.
     #[arg(long)]
     iters: Option<usize>,
+    /// Instead of the workloads: every chain processor of issue 16 alone in a chain, its own
+    /// cost (the chain's minus an empty chain's) against the max+sum-of-exp pass.
+    #[arg(long)]
+    processors: bool,
 }
 
 #[derive(Args, Debug)]
@@ -201,6 +205,7 @@ fn bench_sampling(args: BenchSamplingArgs) -> Result<ExitCode> {
         batch: args.batch,
         threads: args.threads,
         iters: args.iters,
+        processors: args.processors,
         ..Default::default()
     };
     nucleus_cli::bench::sampling::run(&config, &mut Output(std::io::stdout()))?;

@@ -17,6 +17,7 @@
 //! The criterion benchmark (`benches/sampling.rs`) and the CLI both drive [`Bench`].
 
 pub mod floors;
+pub mod processors;
 pub mod reference;
 pub mod workload;
 
@@ -48,6 +49,8 @@ pub struct Config {
     pub iters: Option<usize>,
     /// Seed of the generated logits.
     pub seed: u64,
+    /// Measure the chain processors of issue 16 ([`processors`]) instead of the workloads.
+    pub processors: bool,
 }
 
 impl Default for Config {
@@ -58,6 +61,7 @@ impl Default for Config {
             threads: 1,
             iters: None,
             seed: workload::DEFAULT_SEED,
+            processors: false,
         }
     }
 }
@@ -383,8 +387,9 @@ pub fn buffer_bytes(batch: usize, vocab: usize, threads: usize) -> Option<usize>
 }
 
 /// Runs the whole measurement of `config` in a rayon pool of `config.threads` threads and
-/// writes the table to `out` (Markdown). Every flag is checked, and the buffers' memory
-/// reserved ([`super::reserve`]), before any work.
+/// writes the table to `out` (Markdown): the workloads against the baselines, or with
+/// `config.processors` the processor table ([`processors::write_table`]). Every flag is
+/// checked, and the buffers' memory reserved ([`super::reserve`]), before any work.
 ///
 /// # Errors
 /// A bad configuration (zero threads, batch or iterations; vocab below 64: a
@@ -393,8 +398,13 @@ pub fn buffer_bytes(batch: usize, vocab: usize, threads: usize) -> Option<usize>
 pub fn run(config: &Config, out: &mut (dyn Write + Send)) -> Result<()> {
     check_runs(config.threads, config.iters)?;
     check_shape(config.batch, config.vocab)?;
+    let bytes = if config.processors {
+        processors::buffer_bytes(config.batch, config.vocab)
+    } else {
+        buffer_bytes(config.batch, config.vocab, config.threads)
+    };
     super::reserve(
-        buffer_bytes(config.batch, config.vocab, config.threads),
+        bytes,
         &format!(
             "--vocab {} x --batch {} on {} thread(s)",
             config.vocab, config.batch, config.threads
@@ -405,7 +415,11 @@ pub fn run(config: &Config, out: &mut (dyn Write + Send)) -> Result<()> {
         .num_threads(config.threads)
         .build()
         .context("building the thread pool")?;
-    pool.install(|| write_table(&bench, config, out))
+    if config.processors {
+        pool.install(|| processors::write_table(&bench, config, out))
+    } else {
+        pool.install(|| write_table(&bench, config, out))
+    }
 }
 
 fn write_table(bench: &Bench, config: &Config, out: &mut (dyn Write + Send)) -> Result<()> {
