@@ -162,13 +162,14 @@ impl LogitsProcessor for MinP {
         if self.p == 0.0 || max == f32::NEG_INFINITY {
             return Ok(());
         }
-        let passes = |l: f32| l != f32::NEG_INFINITY && f64::from((l - max).exp()) >= self.p;
+        let passes =
+            |l: f32| l != f32::NEG_INFINITY && f64::from(crate::kernels::exp_w(l - max)) >= self.p;
         if self.min_keep > 1 && logits.iter().filter(|&&l| passes(l)).count() < self.min_keep {
             keep_best(logits, self.min_keep, &mut self.buf);
             return Ok(());
         }
         for l in logits.iter_mut() {
-            if *l != f32::NEG_INFINITY && f64::from((*l - max).exp()) < self.p {
+            if *l != f32::NEG_INFINITY && f64::from(crate::kernels::exp_w(*l - max)) < self.p {
                 *l = f32::NEG_INFINITY;
             }
         }
@@ -328,7 +329,7 @@ impl LogitsProcessor for TopP {
                 .iter()
                 .enumerate()
                 .filter(|(_, &l)| l != f32::NEG_INFINITY)
-                .map(|(i, &l)| (l + 0.0, i as u32, (l - max).exp())),
+                .map(|(i, &l)| (l + 0.0, i as u32, crate::kernels::exp_w(l - max))),
         );
         let z = chunked_sum(self.buf.iter().map(|c| (c.1 as usize, c.2)));
         let target = self.p * z;

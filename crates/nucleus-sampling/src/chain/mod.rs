@@ -1155,7 +1155,7 @@ impl SamplerChain {
     fn fill_weights(&mut self, max: f32) {
         self.weights.clear();
         self.weights
-            .extend(self.logits.iter().map(|&l| (l - max).exp()));
+            .extend(self.logits.iter().map(|&l| crate::kernels::exp_w(l - max)));
     }
 
     fn processed_logprobs(&self, output: &SampleOutput, top: usize) -> Logprobs {

@@ -158,7 +158,12 @@ impl LogitsProcessor for Xtc {
             return Ok(());
         }
         let max = row_max(logits);
-        let z = chunked_sum(logits.iter().map(|&l| (l - max).exp()).enumerate());
+        let z = chunked_sum(
+            logits
+                .iter()
+                .map(|&l| crate::kernels::exp_w(l - max))
+                .enumerate(),
+        );
         // `p >= threshold` needs `w >= threshold * Z >= threshold` (Z >= 1, the max's weight is
         // 1), so `l - max >= ln(threshold)` up to exp's rounding: a cheap filter before the
         // exact f64 test (-inf for threshold 0: every candidate is tested).
@@ -166,7 +171,10 @@ impl LogitsProcessor for Xtc {
         self.above.clear();
         for (i, &l) in logits.iter().enumerate() {
             let d = l - max;
-            if l != NEG && f64::from(d) >= floor && f64::from(d.exp()) / z >= self.threshold {
+            if l != NEG
+                && f64::from(d) >= floor
+                && f64::from(crate::kernels::exp_w(d)) / z >= self.threshold
+            {
                 self.above.push((l + 0.0, i as u32));
             }
         }
@@ -416,10 +424,10 @@ fn v1_weights(
     };
     weights.clear();
     match kth {
-        None => weights.extend(logits.iter().map(|&l| (l - max).exp())),
+        None => weights.extend(logits.iter().map(|&l| crate::kernels::exp_w(l - max))),
         Some(c) => weights.extend(logits.iter().enumerate().map(|(i, &l)| {
             if l > c.logit || (l == c.logit && i as u32 <= c.id) {
-                (l - max).exp()
+                crate::kernels::exp_w(l - max)
             } else {
                 0.0
             }
@@ -437,7 +445,7 @@ fn v2_weights(logits: &[f32], mu: f64, weights: &mut Vec<f32>) -> Result<f64, Sa
         return Err(SampleError::NoCandidates);
     }
     weights.clear();
-    weights.extend(logits.iter().map(|&l| (l - max).exp()));
+    weights.extend(logits.iter().map(|&l| crate::kernels::exp_w(l - max)));
     let z = chunked_sum(weights.iter().copied().enumerate());
     // -log2(w / Z) > mu  <=>  w < Z 2^-mu.
     let cut = z * (-mu).exp2();
@@ -597,7 +605,7 @@ impl AdaptiveP {
             return Err(SampleError::NoCandidates);
         }
         original.clear();
-        original.extend(logits.iter().map(|&l| (l - max).exp()));
+        original.extend(logits.iter().map(|&l| crate::kernels::exp_w(l - max)));
         let z = chunked_sum(original.iter().copied().enumerate());
         if self.is_off() {
             return Ok(z);

@@ -195,7 +195,7 @@ pub(crate) fn weigh(logits: &[f32], w: &mut Vec<f32>) -> Option<Weights> {
         let (mut pz, mut ps) = (0.0f64, 0.0f64);
         for (&l, wo) in ls.iter().zip(ws.iter_mut()) {
             let d = l - max;
-            let e = d.exp();
+            let e = crate::kernels::exp_w(d);
             *wo = e;
             pz += f64::from(e);
             // `d` is -inf where `e` is 0: select, never 0 * -inf.
@@ -896,7 +896,7 @@ impl LogitsProcessor for TopH {
         let (mut z, mut s) = (0.0f64, 0.0f64);
         for &(l, _) in &self.top {
             let d = l - l0;
-            let w = d.exp();
+            let w = crate::kernels::exp_w(d);
             z += f64::from(w);
             if w > 0.0 {
                 s += f64::from(w) * f64::from(d);
@@ -908,7 +908,7 @@ impl LogitsProcessor for TopH {
         let mut cumulative = 0.0f64;
         for (j, &(l, _)) in self.top.iter().enumerate() {
             let d = l - l0;
-            let w = d.exp();
+            let w = crate::kernels::exp_w(d);
             if w == 0.0 {
                 break;
             }
@@ -972,7 +972,11 @@ impl LogitsProcessor for LogSoftmax {
         }
         let z: f64 = logits
             .chunks(CHUNK)
-            .map(|c| c.iter().map(|&l| f64::from((l - max).exp())).sum::<f64>())
+            .map(|c| {
+                c.iter()
+                    .map(|&l| f64::from(crate::kernels::exp_w(l - max)))
+                    .sum::<f64>()
+            })
             .sum();
         let lse = f64::from(max) + z.ln();
         for l in logits.iter_mut() {
