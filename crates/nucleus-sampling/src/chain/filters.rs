@@ -8,9 +8,9 @@
 //! default and changes nothing.
 
 use super::temperature::weigh;
-use super::{better, row_max, LogitsProcessor, ProcessorContext};
+use super::{row_max, LogitsProcessor, ProcessorContext};
 use crate::error::{ParamError, SampleError};
-use crate::sampler::chunked_sum;
+use crate::sampler::{better as better_cand, chunked_sum, rank_key, scan_top, top_p_prefix, Cand};
 
 /// Checks a `min_keep`: at least 1.
 pub(crate) fn check_min_keep(min_keep: usize) -> Result<usize, ParamError> {
@@ -26,23 +26,20 @@ pub(crate) fn check_min_keep(min_keep: usize) -> Result<usize, ParamError> {
 
 /// Keeps exactly the `k` best finite logits, in the order (logit descending, id ascending),
 /// and writes `-inf` over the others; a row with at most `k` finite logits is unchanged.
-/// O(vocab): a linear-time selection in `buf`.
-pub(crate) fn keep_best(logits: &mut [f32], k: usize, buf: &mut Vec<(f32, u32)>) {
+/// O(vocab): the fixed path's vectorised `scan_top` into `buf`, then a mask pass.
+pub(crate) fn keep_best(logits: &mut [f32], k: usize, buf: &mut Vec<Cand>) {
     if k == 0 || k >= logits.len() {
         return;
     }
-    buf.clear();
-    buf.extend(
-        logits
-            .iter()
-            .enumerate()
-            .filter(|(_, &l)| l != f32::NEG_INFINITY)
-            .map(|(i, &l)| (l + 0.0, i as u32)),
-    );
-    if buf.len() <= k {
+    // The fixed path's vectorised scan for the exactly-k best (unordered), then one mask pass.
+    scan_top(logits, f32::NEG_INFINITY, k, &[], buf, false);
+    if buf.len() < k {
         return;
     }
-    let (_, &mut (kl, kid), _) = buf.select_nth_unstable_by(k - 1, better);
+    let Some(&kth) = buf.iter().max_by_key(|c| rank_key(c)) else {
+        return;
+    };
+    let (kl, kid) = (kth.logit, kth.id);
     for (i, l) in logits.iter_mut().enumerate() {
         if *l < kl || (*l == kl && i as u32 > kid) {
             *l = f32::NEG_INFINITY;
@@ -62,7 +59,7 @@ pub(crate) fn cut_below(
     z: f64,
     threshold: f64,
     min_keep: usize,
-    buf: &mut Vec<(f32, u32)>,
+    buf: &mut Vec<Cand>,
 ) {
     let cut = threshold * z;
     let below = |w: f32| f64::from(w) < cut;
@@ -103,7 +100,7 @@ pub(crate) fn cut_below(
 pub struct MinP {
     p: f64,
     min_keep: usize,
-    buf: Vec<(f32, u32)>,
+    buf: Vec<Cand>,
 }
 
 impl PartialEq for MinP {
@@ -195,7 +192,7 @@ impl LogitsProcessor for MinP {
 pub struct TopK {
     k: usize,
     min_keep: usize,
-    buf: Vec<(f32, u32)>,
+    buf: Vec<Cand>,
 }
 
 impl TopK {
@@ -258,8 +255,8 @@ impl LogitsProcessor for TopK {
 /// whose renormalised mass is `>= p`; a prefix that reaches `p` exactly takes nothing more
 /// (spec step 10, "smallest set"). Weights `exp(l - max)` in f32, sums in f64 (the total in
 /// fixed id chunks). If rounding leaves every prefix below `p`, everything is kept. 1 is off.
-/// Stateless; O(n log n) in the number `n` of finite logits (a sort in a buffer kept across
-/// calls).
+/// Stateless; expected O(n) in the number `n` of finite logits: the fixed path's quickselect
+/// by mass (`sampler/select.rs`, `top_p_prefix`) in a buffer kept across calls, no sort.
 ///
 /// `min_keep` (Hugging Face `TopPLogitsWarper`'s `min_tokens_to_keep`, default 1): the prefix
 /// is at least `min_keep` long (the `min_keep` most probable are never removed).
@@ -271,7 +268,7 @@ pub struct TopP {
     p: f64,
     min_keep: usize,
     /// (logit, id, weight).
-    buf: Vec<(f32, u32, f32)>,
+    buf: Vec<Cand>,
 }
 
 impl TopP {
@@ -329,24 +326,27 @@ impl LogitsProcessor for TopP {
                 .iter()
                 .enumerate()
                 .filter(|(_, &l)| l != f32::NEG_INFINITY)
-                .map(|(i, &l)| (l + 0.0, i as u32, crate::kernels::exp_w(l - max))),
+                .map(|(i, &l)| Cand {
+                    logit: l + 0.0,
+                    id: i as u32,
+                    w: crate::kernels::exp_w(l - max),
+                }),
         );
-        let z = chunked_sum(self.buf.iter().map(|c| (c.1 as usize, c.2)));
-        let target = self.p * z;
-        self.buf
-            .sort_unstable_by(|a, b| better(&(a.0, a.1), &(b.0, b.1)));
-        let mut acc = 0.0f64;
-        let mut cut = self.buf.len();
-        for (j, c) in self.buf.iter().enumerate() {
-            acc += f64::from(c.2);
-            if acc >= target {
-                cut = j + 1;
-                break;
+        let z = chunked_sum(self.buf.iter().map(|c| (c.id as usize, c.w)));
+        // The fixed path's linear-time smallest-set search (expected O(n), no sort).
+        let mut cut = top_p_prefix(&mut self.buf, self.p * z);
+        let keep = self.min_keep.min(self.buf.len());
+        if cut < keep {
+            // The best `keep - cut` of the rest join the prefix.
+            let extra = keep - cut;
+            let rest = &mut self.buf[cut..];
+            if extra < rest.len() {
+                rest.select_nth_unstable_by(extra - 1, better_cand);
             }
+            cut = keep;
         }
-        let cut = cut.max(self.min_keep).min(self.buf.len());
         for c in &self.buf[cut..] {
-            logits[c.1 as usize] = f32::NEG_INFINITY;
+            logits[c.id as usize] = f32::NEG_INFINITY;
         }
         Ok(())
     }
@@ -454,7 +454,7 @@ pub struct Epsilon {
     epsilon: f64,
     min_keep: usize,
     w: Vec<f32>,
-    buf: Vec<(f32, u32)>,
+    buf: Vec<Cand>,
 }
 
 impl Epsilon {

@@ -13,7 +13,7 @@ use super::filters::{check_min_keep, cut_below};
 use super::{better, row_max, LogitsProcessor, ProcessorContext};
 use crate::error::{ParamError, SampleError};
 use crate::params::GREEDY_TEMPERATURE;
-use crate::sampler::CHUNK;
+use crate::sampler::{Cand, CHUNK};
 
 /// Temperature: `l = l / T` in f32, a pure division, as Hugging Face's
 /// `TemperatureLogitsWarper.__call__` (`scores / self.temperature`), llama.cpp's
@@ -726,7 +726,7 @@ pub struct Eta {
     epsilon: f64,
     min_keep: usize,
     w: Vec<f32>,
-    buf: Vec<(f32, u32)>,
+    buf: Vec<Cand>,
 }
 
 impl Eta {

@@ -74,7 +74,7 @@ pub(crate) use logprobs::{dense_top_logprobs, processed_logprobs_from, raw_logpr
 #[allow(unused_imports)]
 pub(crate) use logprobs::{fill_impossible, top_values};
 pub(crate) use scan::{collect, first_at_least, scan_top};
-pub(crate) use select::{chunked_sum, select_dense};
+pub(crate) use select::{chunked_sum, select_dense, top_p_prefix};
 
 use logprobs::processed_logprobs;
 use prepare::{prepare, with_scratch, Scratch, Support};
@@ -469,7 +469,7 @@ pub(crate) struct Cand {
 
 /// The order of filtering: better = larger logit, then lower id. Total and strict (ids differ).
 #[inline]
-fn better(a: &Cand, b: &Cand) -> Ordering {
+pub(crate) fn better(a: &Cand, b: &Cand) -> Ordering {
     // `+ 0.0` turns -0.0 into +0.0: the two zeros are one value and tie (spec step 9).
     (b.logit + 0.0)
         .total_cmp(&(a.logit + 0.0))

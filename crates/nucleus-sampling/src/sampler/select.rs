@@ -53,7 +53,7 @@ pub(super) fn top_k_candidates(logits: &[f32], floor: f32, k: usize, out: &mut V
 /// (logit desc, id asc) order, whose weight is `>= target` (f64), and returns `n`. A prefix
 /// that reaches the target exactly takes nothing more. Expected linear time (quickselect by
 /// mass with a median-of-three pivot).
-pub(super) fn top_p_prefix(cand: &mut [Cand], mut target: f64) -> usize {
+pub(crate) fn top_p_prefix(cand: &mut [Cand], mut target: f64) -> usize {
     let (mut lo, mut hi) = (0usize, cand.len());
     loop {
         if hi - lo <= 32 {
