@@ -7,10 +7,9 @@
 //! tied with the k-th). `min_keep` is at least 1 (Hugging Face: "a positive integer"); 1 is the
 //! default and changes nothing.
 
-use super::temperature::weigh;
 use super::{row_max, LogitsProcessor, ProcessorContext};
 use crate::error::{ParamError, SampleError};
-use crate::sampler::{better as better_cand, chunked_sum, rank_key, scan_top, top_p_prefix, Cand};
+use crate::sampler::{collect, first_at_least, logit_cut, rank_key, scan_top, top_p_prefix, Cand};
 
 /// Checks a `min_keep`: at least 1.
 pub(crate) fn check_min_keep(min_keep: usize) -> Result<usize, ParamError> {
@@ -39,12 +38,7 @@ pub(crate) fn keep_best(logits: &mut [f32], k: usize, buf: &mut Vec<Cand>) {
     let Some(&kth) = buf.iter().max_by_key(|c| rank_key(c)) else {
         return;
     };
-    let (kl, kid) = (kth.logit, kth.id);
-    for (i, l) in logits.iter_mut().enumerate() {
-        if *l < kl || (*l == kl && i as u32 > kid) {
-            *l = f32::NEG_INFINITY;
-        }
-    }
+    super::passes::mask_ranked_after(logits, kth.logit, kth.id);
 }
 
 /// Removes the tokens whose probability is below `threshold` (decided as `w < threshold * z`
@@ -62,25 +56,17 @@ pub(crate) fn cut_below(
     buf: &mut Vec<Cand>,
 ) {
     let cut = threshold * z;
-    let below = |w: f32| f64::from(w) < cut;
     let too_few = if min_keep > 1 {
-        let survivors = logits
-            .iter()
-            .zip(w)
-            .filter(|&(&l, &w)| l != f32::NEG_INFINITY && !below(w))
-            .count();
-        survivors < min_keep
+        super::passes::count_weight_at_least(logits, w, cut) < min_keep
     } else {
         // The best token's weight is exp(0) = 1, the largest: if it is below, all are.
-        below(1.0)
+        1.0 < cut
     };
     if too_few {
         keep_best(logits, min_keep, buf);
         return;
     }
-    for (l, &w) in logits.iter_mut().zip(w) {
-        *l = if below(w) { f32::NEG_INFINITY } else { *l };
-    }
+    super::passes::mask_weight_below(logits, w, cut);
 }
 
 /// Min-p: keeps the tokens whose probability is `>= min_p * p_max`, ties with the threshold
@@ -100,6 +86,7 @@ pub(crate) fn cut_below(
 pub struct MinP {
     p: f64,
     min_keep: usize,
+    /// The survivors (logit, id).
     buf: Vec<Cand>,
 }
 
@@ -159,16 +146,22 @@ impl LogitsProcessor for MinP {
         if self.p == 0.0 || max == f32::NEG_INFINITY {
             return Ok(());
         }
-        let passes =
-            |l: f32| l != f32::NEG_INFINITY && f64::from(crate::kernels::exp_w(l - max)) >= self.p;
-        if self.min_keep > 1 && logits.iter().filter(|&&l| passes(l)).count() < self.min_keep {
+        // `w >= p` needs `l - max >= ln(p)` up to exp's rounding: collect the tokens above a
+        // logit cut with a margin far above it (a vectorised compare pass, as the fixed path's
+        // min-p), decide those exactly, and write the survivors back over a row of -inf.
+        let cut = logit_cut(max, self.p.ln() - 1e-3, 1.0);
+        self.buf.clear();
+        collect(logits, f32::NEG_INFINITY, cut, &mut self.buf, false);
+        let p = self.p;
+        self.buf
+            .retain(|c| f64::from(crate::kernels::exp_w(c.logit - max)) >= p);
+        if self.buf.len() < self.min_keep {
             keep_best(logits, self.min_keep, &mut self.buf);
             return Ok(());
         }
-        for l in logits.iter_mut() {
-            if *l != f32::NEG_INFINITY && f64::from(crate::kernels::exp_w(*l - max)) < self.p {
-                *l = f32::NEG_INFINITY;
-            }
+        logits.fill(f32::NEG_INFINITY);
+        for c in &self.buf {
+            logits[c.id as usize] = c.logit;
         }
         Ok(())
     }
@@ -320,34 +313,54 @@ impl LogitsProcessor for TopP {
         if self.p >= 1.0 || max == f32::NEG_INFINITY {
             return Ok(());
         }
-        self.buf.clear();
-        self.buf.extend(
-            logits
-                .iter()
-                .enumerate()
-                .filter(|(_, &l)| l != f32::NEG_INFINITY)
-                .map(|(i, &l)| Cand {
-                    logit: l + 0.0,
-                    id: i as u32,
-                    w: crate::kernels::exp_w(l - max),
-                }),
-        );
-        let z = chunked_sum(self.buf.iter().map(|c| (c.id as usize, c.w)));
-        // The fixed path's linear-time smallest-set search (expected O(n), no sort).
-        let mut cut = top_p_prefix(&mut self.buf, self.p * z);
-        let keep = self.min_keep.min(self.buf.len());
-        if cut < keep {
-            // The best `keep - cut` of the rest join the prefix.
-            let extra = keep - cut;
-            let rest = &mut self.buf[cut..];
-            if extra < rest.len() {
-                rest.select_nth_unstable_by(extra - 1, better_cand);
+        // `Z` from the fixed path's online max + sum-of-exp pass (its normaliser, within 1e-6
+        // relative of the sum of the weights; the fixed path's top-p uses the same), the exact
+        // f32-weight sum where `l - max` could leave f32.
+        let z = if max <= 1e30 {
+            crate::kernels::max_sum_exp(logits, 1.0).sum
+        } else {
+            super::passes::sum_exp(logits, max)
+        };
+        let target = self.p * z;
+        // The boundary: the worst-ranked token of the shortest prefix (logit descending, id
+        // ascending) whose weight reaches `p z`, and that prefix's length.
+        let (n, kl, kid) = if 1.0 >= target {
+            // The best token alone (weight exp(0) = 1) holds `p z`: the lowest id at the max.
+            let id = first_at_least(logits, max).unwrap_or(0);
+            (1, max, id as u32)
+        } else {
+            // The tokens ranked at or after the boundary weigh more than `(1 - p) z`; were the
+            // boundary's weight below `eps = (1 - p) z / vocab`, they would all weigh less than
+            // `eps`, so less than `(1 - p) z` together. So only tokens with weight `>= eps`
+            // can be in the prefix: collect those (a logit cut with a margin far above exp_w's
+            // rounding), as the fixed path's top-p does.
+            let eps = (1.0 - self.p) * z / logits.len() as f64;
+            let cut = if eps > 0.0 {
+                logit_cut(max, eps.ln() - 1e-3, 1.0)
+            } else {
+                f32::NEG_INFINITY
+            };
+            self.buf.clear();
+            collect(logits, f32::NEG_INFINITY, cut, &mut self.buf, false);
+            for c in &mut self.buf {
+                c.logit += 0.0;
+                c.w = crate::kernels::exp_w(c.logit - max);
             }
-            cut = keep;
+            // The fixed path's linear-time smallest-set search (expected O(n), no sort).
+            let n = top_p_prefix(&mut self.buf, target);
+            let worst = self.buf[..n]
+                .iter()
+                .max_by_key(|c| rank_key(c))
+                .copied()
+                .expect("the prefix holds the best token");
+            (n, worst.logit, worst.id)
+        };
+        if n < self.min_keep {
+            // The prefix is the `n` best; the `min_keep` best contain it.
+            keep_best(logits, self.min_keep, &mut self.buf);
+            return Ok(());
         }
-        for c in &self.buf[cut..] {
-            logits[c.id as usize] = f32::NEG_INFINITY;
-        }
+        super::passes::mask_ranked_after(logits, kl, kid);
         Ok(())
     }
     fn box_clone(&self) -> Box<dyn LogitsProcessor> {
@@ -406,28 +419,15 @@ impl LogitsProcessor for TopNSigma {
         if self.n <= 0.0 {
             return Ok(());
         }
-        let (mut count, mut sum, mut max) = (0usize, 0.0f64, f32::NEG_INFINITY);
-        for &l in logits.iter().filter(|&&l| l != f32::NEG_INFINITY) {
-            count += 1;
-            sum += f64::from(l);
-            max = max.max(l);
-        }
+        let super::passes::Moments { count, sum, max } = super::passes::finite_moments(logits);
         if count <= 1 {
             return Ok(());
         }
         let mean = sum / count as f64;
-        let sq: f64 = logits
-            .iter()
-            .filter(|&&l| l != f32::NEG_INFINITY)
-            .map(|&l| (f64::from(l) - mean).powi(2))
-            .sum();
+        let sq = super::passes::squared_deviation(logits, mean);
         let sigma = (sq / count as f64).sqrt();
         let threshold = f64::from(max) - self.n * sigma;
-        for l in logits.iter_mut() {
-            if f64::from(*l) < threshold {
-                *l = f32::NEG_INFINITY;
-            }
-        }
+        super::passes::mask_below(logits, threshold);
         Ok(())
     }
     fn box_clone(&self) -> Box<dyn LogitsProcessor> {
@@ -503,13 +503,17 @@ impl LogitsProcessor for Epsilon {
         logits: &mut [f32],
         _ctx: &ProcessorContext<'_>,
     ) -> Result<(), SampleError> {
-        let Some(stats) = weigh(logits, &mut self.w) else {
+        // The weights and their sum (no entropy): the dispatched exp pass and a sum pass.
+        let max = row_max(logits);
+        if max == f32::NEG_INFINITY {
             return Ok(());
-        };
+        }
+        super::passes::exp_weights(logits, max, &mut self.w);
+        let z = super::passes::sum_weights(&self.w);
         cut_below(
             logits,
             &self.w,
-            stats.z,
+            z,
             self.epsilon,
             self.min_keep,
             &mut self.buf,

@@ -55,14 +55,15 @@ use crate::params::LogprobsKind;
 use crate::params::MAX_N;
 use crate::philox;
 use crate::sampler::{
-    chunked_sum, dense_top_logprobs, non_finite, os_seed, processed_logprobs_from, raw_logprobs,
-    select_dense, Cand, Logprobs, Sample, SampleOutput, TokenLogprob,
+    dense_top_logprobs, non_finite, os_seed, processed_logprobs_from, raw_logprobs, select_dense,
+    Cand, Logprobs, Sample, SampleOutput, TokenLogprob,
 };
 use crate::view::InputKind;
 
 mod config;
 mod constraints;
 mod filters;
+pub(crate) mod passes;
 mod penalties;
 mod repetition;
 mod stochastic;
@@ -1112,7 +1113,7 @@ impl SamplerChain {
             out[token] = 1.0;
         } else {
             self.fill_selection_weights(max)?;
-            let z = chunked_sum(self.weights.iter().copied().enumerate());
+            let z = passes::sum_weights(&self.weights);
             for (o, &w) in out.iter_mut().zip(&self.weights) {
                 *o = f64::from(w) / z;
             }
@@ -1153,9 +1154,7 @@ impl SamplerChain {
 
     /// `weights[i] = exp(logits[i] - max)` in f32 (0 for removed tokens).
     fn fill_weights(&mut self, max: f32) {
-        self.weights.clear();
-        self.weights
-            .extend(self.logits.iter().map(|&l| crate::kernels::exp_w(l - max)));
+        passes::exp_weights(&self.logits, max, &mut self.weights);
     }
 
     fn processed_logprobs(&self, output: &SampleOutput, top: usize) -> Logprobs {

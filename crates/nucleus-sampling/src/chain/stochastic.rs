@@ -10,11 +10,12 @@
 
 use std::cell::Cell;
 
+use super::passes;
 use super::{better, row_max, LogitsProcessor, ProcessorContext};
 use crate::error::{ParamError, SampleError};
 use crate::kernels;
 use crate::philox;
-use crate::sampler::{chunked_sum, non_finite, rank_key, scan_top, Cand};
+use crate::sampler::{collect, first_at_least, logit_cut, non_finite, rank_key, scan_top, Cand};
 
 const NEG: f32 = f32::NEG_INFINITY;
 
@@ -78,9 +79,9 @@ pub(super) mod defaults {
 /// change the probabilities); llama.cpp puts it after min-p and before temperature, the fixed
 /// `SamplingParams` path last before selection (spec step 10e). Stateless.
 ///
-/// Cost: one max pass, one exp pass for `Z`, and one exp only for the tokens with `l - max >=
-/// ln(threshold)` (few unless the threshold is tiny) when the coin says apply; O(vocab), no
-/// allocation once warm.
+/// Cost: a count pass, one max pass, one exp pass for `Z`, a compare pass collecting the
+/// tokens with `l - max >= ln(threshold)` (few unless the threshold is tiny) and one exp for
+/// each of them, when the coin says apply; all vectorised, O(vocab), no allocation once warm.
 #[derive(Clone, Debug)]
 pub struct Xtc {
     threshold: f64,
@@ -88,6 +89,8 @@ pub struct Xtc {
     min_keep: usize,
     /// The tokens reaching the threshold: (logit, id).
     above: Vec<(f32, u32)>,
+    /// The tokens above the logit cut (a superset of `above`).
+    cand: Vec<Cand>,
 }
 
 impl Xtc {
@@ -117,6 +120,7 @@ impl Xtc {
             probability,
             min_keep,
             above: Vec::new(),
+            cand: Vec::new(),
         })
     }
 
@@ -149,7 +153,7 @@ impl LogitsProcessor for Xtc {
         if !self.is_active() {
             return Ok(());
         }
-        let candidates = logits.iter().filter(|&&l| l != NEG).count();
+        let candidates = passes::count_finite(logits);
         if candidates < 2 {
             return Ok(());
         }
@@ -158,24 +162,28 @@ impl LogitsProcessor for Xtc {
             return Ok(());
         }
         let max = row_max(logits);
-        let z = chunked_sum(
-            logits
-                .iter()
-                .map(|&l| crate::kernels::exp_w(l - max))
-                .enumerate(),
-        );
+        let z = passes::sum_exp(logits, max);
         // `p >= threshold` needs `w >= threshold * Z >= threshold` (Z >= 1, the max's weight is
-        // 1), so `l - max >= ln(threshold)` up to exp's rounding: a cheap filter before the
-        // exact f64 test (-inf for threshold 0: every candidate is tested).
+        // 1), so `l - max >= ln(threshold)` up to exp's rounding: a vectorised collection of
+        // the tokens above a logit cut with a margin (-inf for threshold 0: every candidate),
+        // then the exact f64 test.
         let floor = self.threshold.ln() - 1e-4;
+        let cut = if floor == f64::NEG_INFINITY {
+            NEG
+        } else {
+            logit_cut(max, floor - 1e-3, 1.0)
+        };
+        self.cand.clear();
+        collect(logits, NEG, cut, &mut self.cand, false);
         self.above.clear();
-        for (i, &l) in logits.iter().enumerate() {
+        for c in &self.cand {
+            let (i, l) = (c.id, c.logit);
             let d = l - max;
             if l != NEG
                 && f64::from(d) >= floor
                 && f64::from(crate::kernels::exp_w(d)) / z >= self.threshold
             {
-                self.above.push((l + 0.0, i as u32));
+                self.above.push((l + 0.0, i));
             }
         }
         let reached = self.above.len();
@@ -422,18 +430,14 @@ fn v1_weights(
             top.iter().max_by_key(|c| rank_key(c)).copied()
         }
     };
-    weights.clear();
     match kth {
-        None => weights.extend(logits.iter().map(|&l| crate::kernels::exp_w(l - max))),
-        Some(c) => weights.extend(logits.iter().enumerate().map(|(i, &l)| {
-            if l > c.logit || (l == c.logit && i as u32 <= c.id) {
-                crate::kernels::exp_w(l - max)
-            } else {
-                0.0
-            }
-        })),
+        None => passes::exp_weights(logits, max, weights),
+        Some(c) => {
+            weights.resize(logits.len(), 0.0);
+            passes::exp_ranked_at_most(logits, max, c.logit, c.id, weights);
+        }
     }
-    Ok(chunked_sum(weights.iter().copied().enumerate()))
+    Ok(passes::sum_weights(weights))
 }
 
 fn v2_weights(logits: &[f32], mu: f64, weights: &mut Vec<f32>) -> Result<f64, SampleError> {
@@ -444,24 +448,15 @@ fn v2_weights(logits: &[f32], mu: f64, weights: &mut Vec<f32>) -> Result<f64, Sa
     if max == NEG {
         return Err(SampleError::NoCandidates);
     }
-    weights.clear();
-    weights.extend(logits.iter().map(|&l| crate::kernels::exp_w(l - max)));
-    let z = chunked_sum(weights.iter().copied().enumerate());
+    passes::exp_weights(logits, max, weights);
+    let z = passes::sum_weights(weights);
     // -log2(w / Z) > mu  <=>  w < Z 2^-mu.
     let cut = z * (-mu).exp2();
-    let mut kept = false;
-    for w in weights.iter_mut() {
-        if f64::from(*w) < cut {
-            *w = 0.0;
-        } else if *w > 0.0 {
-            kept = true;
-        }
-    }
-    if !kept {
-        let first = logits.iter().position(|&l| l == max).unwrap_or(0);
+    if !passes::zero_weights_below(weights, cut) {
+        let first = first_at_least(logits, max).unwrap_or(0);
         weights[first] = 1.0;
     }
-    Ok(chunked_sum(weights.iter().copied().enumerate()))
+    Ok(passes::sum_weights(weights))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -499,7 +494,8 @@ pub struct AdaptivePState {
 /// 3. The adapted target `a = clamp(2 clamp(target, 0, 1) - weighted_sum / total_weight, 0, 1)`
 ///    (`target` itself when `total_weight == 0`, which the state never reaches).
 /// 4. Every candidate's logit becomes `PEAK - SHARPNESS d^2 / (1 + d)` with
-///    `d = |p_i - a| / WIDTH` (f64, stored as f32; `-inf` stays `-inf`): quadratic near the
+///    `d = |p_i - a| / WIDTH` (in f32, the stored type, as llama.cpp computes it; `-inf`
+///    stays `-inf`): quadratic near the
 ///    target, linear in the tails. Constants [`ADAPTIVE_P_PEAK`] 5, [`ADAPTIVE_P_SHARPNESS`]
 ///    10, [`ADAPTIVE_P_WIDTH`] 0.3.
 /// 5. The token is drawn from the softmax of the new logits (inverse CDF in token-id order).
@@ -604,19 +600,12 @@ impl AdaptiveP {
         if max == NEG {
             return Err(SampleError::NoCandidates);
         }
-        original.clear();
-        original.extend(logits.iter().map(|&l| crate::kernels::exp_w(l - max)));
-        let z = chunked_sum(original.iter().copied().enumerate());
+        passes::exp_weights(logits, max, original);
+        let z = passes::sum_weights(original);
         if self.is_off() {
             return Ok(z);
         }
-        let a = self.adapted_target(state);
-        for (l, &w) in logits.iter_mut().zip(original.iter()) {
-            if *l != NEG {
-                let d = ((f64::from(w) / z - a) / ADAPTIVE_P_WIDTH).abs();
-                *l = (ADAPTIVE_P_PEAK - ADAPTIVE_P_SHARPNESS * d * d / (1.0 + d)) as f32;
-            }
-        }
+        passes::adaptive_p_logits(logits, original, z, self.adapted_target(state));
         Ok(z)
     }
 }

@@ -13,7 +13,7 @@ use super::filters::{check_min_keep, cut_below};
 use super::{better, row_max, LogitsProcessor, ProcessorContext};
 use crate::error::{ParamError, SampleError};
 use crate::params::GREEDY_TEMPERATURE;
-use crate::sampler::{Cand, CHUNK};
+use crate::sampler::Cand;
 
 /// Temperature: `l = l / T` in f32, a pure division, as Hugging Face's
 /// `TemperatureLogitsWarper.__call__` (`scores / self.temperature`), llama.cpp's
@@ -88,28 +88,23 @@ pub(crate) fn divide(
     t: f32,
     processor: &'static str,
 ) -> Result<(), SampleError> {
-    if t >= 1.0 {
-        // `-inf` stays `-inf` even for `t = inf` (where `-inf / inf` would be NaN).
-        logits
-            .iter_mut()
-            .filter(|l| **l != f32::NEG_INFINITY)
-            .for_each(|l| *l /= t);
-        return Ok(());
-    }
-    // |l / t| can only overflow where |l| > f32::MAX * t.
+    // |l / t| can only overflow where |l| > f32::MAX * t (never for t >= 1).
     let limit = f32::MAX * t;
-    if let Some((i, &l)) = logits
-        .iter()
-        .enumerate()
-        .find(|(_, l)| l.is_finite() && l.abs() > limit && !(*l / t).is_finite())
-    {
-        return Err(SampleError::ProcessorOverflow {
-            processor,
-            token_id: i as u32,
-            logit: l,
-        });
+    if t < 1.0 && super::passes::any_abs_above(logits, limit) {
+        if let Some((i, &l)) = logits
+            .iter()
+            .enumerate()
+            .find(|(_, l)| l.is_finite() && l.abs() > limit && !(*l / t).is_finite())
+        {
+            return Err(SampleError::ProcessorOverflow {
+                processor,
+                token_id: i as u32,
+                logit: l,
+            });
+        }
     }
-    logits.iter_mut().for_each(|l| *l /= t);
+    // `-inf` stays `-inf`, also for `t = inf` (where `-inf / inf` would be NaN).
+    super::passes::divide_finite(logits, t);
     Ok(())
 }
 
@@ -132,6 +127,9 @@ impl LogitsProcessor for Temperature {
             return Ok(());
         }
         let t = self.t as f32;
+        if super::passes::shift_divide(logits, max, t) {
+            return Ok(());
+        }
         for l in logits.iter_mut() {
             let d = *l - max;
             *l = if d == f32::NEG_INFINITY {
@@ -182,33 +180,14 @@ impl Weights {
 }
 
 /// Writes the weights `w[i] = exp(l[i] - max)` (f32; 0 for `-inf`) into `w` (resized to the
-/// row) and returns their statistics; `None` when every logit is `-inf`. One max pass and one
-/// exp pass.
+/// row) and returns their statistics; `None` when every logit is `-inf`. A max pass, the
+/// dispatched exp pass, a pass for the sums and a count (`chain/passes.rs`).
 pub(crate) fn weigh(logits: &[f32], w: &mut Vec<f32>) -> Option<Weights> {
     let max = row_max(logits);
     if max == f32::NEG_INFINITY {
         return None;
     }
-    w.resize(logits.len(), 0.0);
-    let (mut z, mut s, mut count) = (0.0f64, 0.0f64, 0usize);
-    for (ls, ws) in logits.chunks(CHUNK).zip(w.chunks_mut(CHUNK)) {
-        let (mut pz, mut ps) = (0.0f64, 0.0f64);
-        for (&l, wo) in ls.iter().zip(ws.iter_mut()) {
-            let d = l - max;
-            let e = crate::kernels::exp_w(d);
-            *wo = e;
-            pz += f64::from(e);
-            // `d` is -inf where `e` is 0: select, never 0 * -inf.
-            ps += if e > 0.0 {
-                f64::from(e) * f64::from(d)
-            } else {
-                0.0
-            };
-            count += usize::from(l != f32::NEG_INFINITY);
-        }
-        z += pz;
-        s += ps;
-    }
+    let super::passes::ExpStats { z, s, count } = super::passes::exp_stats(logits, max, w);
     Some(Weights { max, count, z, s })
 }
 
@@ -599,13 +578,15 @@ impl LogitsProcessor for DynamicTemperature {
 /// `sum(w) > p * z` in f64. 1 is off (llama.cpp's `p >= 1` early return); at most one finite
 /// logit leaves the row unchanged. Stateless.
 ///
-/// Cost: O(vocab), no allocation once warm: a max pass and an exp pass (the bottleneck, as in
-/// any softmax), a pass computing each token's first digit of its score (the score's f32
+/// Cost: O(vocab), no allocation once warm: a max pass and the vectorised exp pass, a pass
+/// computing each token's first digit of its score (the score's f32
 /// exponent and top 4 mantissa bits: 16 buckets per binade), a histogram pass over those
 /// digits, a gather of the one group that holds the cut (chunks without it are skipped), a
 /// few passes over that group (split into 2,048 equal score ranges per level, sorted when at
-/// most 64 long), and a mask pass on the digits. About 2x a max + sum-of-exp pass over a
-/// 151,936-long row. llama.cpp sorts the whole row instead.
+/// most 64 long), and a mask pass on the digits. Measured at about 10x a max + sum-of-exp
+/// pass over a 151,936-long row (BENCHMARKS.md, "Chain processors"): the order statistic's
+/// digit, histogram and gather passes dominate (a histogram does not vectorise). llama.cpp
+/// sorts the whole row instead.
 ///
 /// Place in the chain: it depends on the probabilities it sees (a temperature before it moves
 /// `E[l]` and the masses).
@@ -810,7 +791,9 @@ const TOP_H_CANDIDATES: usize = 100;
 /// Cost: O(vocab), no allocation once warm: a digit pass (the logit's sign, exponent and top
 /// 3 mantissa bits), a histogram pass and a gather find the group of the 100th best (narrowed
 /// further when it is large), a pass collects the 100, which are sorted, and a mask pass; no
-/// exp over the row. About 1.3x a max + sum-of-exp pass over a 151,936-long row.
+/// exp over the row. Measured at about 12x a max + sum-of-exp pass over a 151,936-long row
+/// (BENCHMARKS.md, "Chain processors"): the order statistic's digit, histogram and gather
+/// passes dominate (a histogram does not vectorise).
 ///
 /// Place in the chain: it depends on the logits it sees (a temperature before it changes `q`).
 #[derive(Clone, Debug)]
@@ -851,7 +834,7 @@ impl LogitsProcessor for TopH {
         logits: &mut [f32],
         _ctx: &ProcessorContext<'_>,
     ) -> Result<(), SampleError> {
-        let count = logits.iter().filter(|&&l| l != f32::NEG_INFINITY).count();
+        let count = super::passes::count_finite(logits);
         if count <= 1 {
             return Ok(());
         }
@@ -920,11 +903,7 @@ impl LogitsProcessor for TopH {
             keep = j + 1;
         }
         let (kl, kid) = self.top[keep - 1];
-        for (i, l) in logits.iter_mut().enumerate() {
-            if *l < kl || (*l == kl && i as u32 > kid) {
-                *l = f32::NEG_INFINITY;
-            }
-        }
+        super::passes::mask_ranked_after(logits, kl, kid);
         Ok(())
     }
     fn box_clone(&self) -> Box<dyn LogitsProcessor> {
@@ -970,20 +949,9 @@ impl LogitsProcessor for LogSoftmax {
         if max == f32::NEG_INFINITY {
             return Ok(());
         }
-        let z: f64 = logits
-            .chunks(CHUNK)
-            .map(|c| {
-                c.iter()
-                    .map(|&l| f64::from(crate::kernels::exp_w(l - max)))
-                    .sum::<f64>()
-            })
-            .sum();
+        let z = super::passes::sum_exp(logits, max);
         let lse = f64::from(max) + z.ln();
-        for l in logits.iter_mut() {
-            if *l != f32::NEG_INFINITY {
-                *l = (f64::from(*l) - lse) as f32;
-            }
-        }
+        super::passes::subtract_f64(logits, lse);
         Ok(())
     }
     fn box_clone(&self) -> Box<dyn LogitsProcessor> {

@@ -3,7 +3,7 @@
 //! distribution that step 11 samples from; each with its top-n list.
 
 use super::prepare::{Prepared, Scratch, Support};
-use super::select::{chunked_sum, chunked_sum_f64, top_k_candidates};
+use super::select::{chunked_sum, chunked_sum_f64, dense_sum, top_k_candidates};
 use super::{better, Cand, Logprobs, SampleOutput, TokenLogprob};
 use crate::kernels;
 use crate::params::LogprobsKind;
@@ -44,7 +44,7 @@ pub(super) fn processed_logprobs(
 /// The `top` most likely tokens of dense weights `w` (zero for removed tokens), as natural-log
 /// probabilities `ln(w_i / sum w)`, most likely first, ties toward the lower id.
 pub(crate) fn dense_top_logprobs(w: &[f32], top: usize) -> Vec<TokenLogprob> {
-    let z = chunked_sum(w.iter().copied().enumerate());
+    let z = dense_sum(w);
     top_values(w, 0.0, top)
         .into_iter()
         .map(|(id, wi)| TokenLogprob {

@@ -74,9 +74,10 @@ pub(crate) use logprobs::{dense_top_logprobs, processed_logprobs_from, raw_logpr
 #[allow(unused_imports)]
 pub(crate) use logprobs::{fill_impossible, top_values};
 pub(crate) use scan::{collect, first_at_least, scan_top};
-pub(crate) use select::{chunked_sum, select_dense, top_p_prefix};
+pub(crate) use select::{chunked_sum, dense_sum, select_dense, top_p_prefix};
 
 use logprobs::processed_logprobs;
+pub(crate) use prepare::logit_cut;
 use prepare::{prepare, with_scratch, Scratch, Support};
 use select::select_sparse;
 
@@ -439,7 +440,7 @@ fn distribution_kind(
             }
             Support::Dense => {
                 let w = &scratch.weights[..row.len()];
-                let z = chunked_sum(w.iter().copied().enumerate());
+                let z = dense_sum(w);
                 for (o, &wi) in out.iter_mut().zip(w) {
                     // `+ 0.0`: a probability input of -0.0 gives 0, not -0.
                     *o = f64::from(wi) / z + 0.0;

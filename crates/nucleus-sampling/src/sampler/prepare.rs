@@ -13,7 +13,7 @@ use super::modify::{
     merge_modifications, modifies_logits,
 };
 use super::scan::{collect, first_at_least, row_exp_pass, row_max_sum_exp, scan_top, scan_window};
-use super::select::{chunked_sum, top_p_prefix};
+use super::select::{dense_sum, top_p_prefix};
 use super::{better, rank_key, Cand, SampleRequest, LIST_FRACTION, SPLIT_MIN};
 use crate::error::SampleError;
 use crate::kernels;
@@ -295,7 +295,7 @@ fn prepare_with(
                 for (wi, &l) in w.iter_mut().zip(logits) {
                     *wi = weight(l);
                 }
-                chunked_sum(w.iter().copied().enumerate())
+                dense_sum(w)
             }
         };
         // The best token alone holds at least `p z`: it is the whole shortest prefix (the
@@ -409,7 +409,7 @@ fn set_weights(
 /// A logit at or below every `l` with `(l - max) / T >= level` (`level <= 0`, in f64 with a
 /// relative margin far above f32 rounding): a cut for [`collect`], followed by an exact test
 /// where exactness matters.
-fn logit_cut(max: f32, level: f64, t64: f64) -> f32 {
+pub(crate) fn logit_cut(max: f32, level: f64, t64: f64) -> f32 {
     let max64 = f64::from(max);
     let cut = max64 + level * t64 * (1.0 + 1e-5) - 1e-5 * (1.0 + max64.abs());
     if cut <= f64::from(f32::MIN) {

@@ -114,6 +114,13 @@ fn median_of_three(c: &[Cand], a: usize, b: usize, d: usize) -> usize {
     }
 }
 
+/// The f64 sum of dense weights (weight `i` is token `i`'s): per chunk of [`CHUNK`] ids the
+/// vectorised lane sum of `chain/passes.rs` (`sum_weights`: 8 lanes, a fixed structure), the
+/// chunk sums in order. Every dense row's `Z` (selection, distribution, logprobs) is this sum.
+pub(crate) fn dense_sum(w: &[f32]) -> f64 {
+    crate::chain::passes::sum_weights(w)
+}
+
 /// The f64 sum of weights given in ascending id order: sequential within each chunk of
 /// [`CHUNK`] ids, then the chunk sums in order. Independent of how a row is split.
 pub(crate) fn chunked_sum(items: impl Iterator<Item = (usize, f32)>) -> f64 {
@@ -165,14 +172,17 @@ pub(super) fn select_sparse(cand: &[Cand], u: f64) -> (u32, f32, f64, usize) {
     (last.id, last.w, z, nonzero)
 }
 
-/// [`select_sparse`] over dense weights (zero for removed tokens); identical results.
+/// [`select_sparse`] over dense weights (zero for removed tokens): the same rule, with the
+/// chunk sums of [`dense_sum`] (the same token but where `u z` falls within rounding of a
+/// chunk boundary).
 pub(crate) fn select_dense(w: &[f32], u: f64) -> (u32, f32, f64, usize) {
-    let z = chunked_sum(w.iter().copied().enumerate());
+    // The chunk sums of `dense_sum` (vectorised), once each; `z` is their sum in order.
+    let parts: Vec<f64> = w.chunks(CHUNK).map(dense_sum).collect();
+    let z: f64 = parts.iter().fold(0.0, |a, &p| a + p);
     let target = u * z;
     let nonzero = w.iter().filter(|&&x| x > 0.0).count();
     let mut acc = 0.0f64;
-    for (c, chunk) in w.chunks(CHUNK).enumerate() {
-        let part: f64 = chunk.iter().map(|&x| f64::from(x)).sum();
+    for (c, (chunk, &part)) in w.chunks(CHUNK).zip(&parts).enumerate() {
         if acc + part > target {
             let mut a = acc;
             for (j, &x) in chunk.iter().enumerate() {
