@@ -1,4 +1,4 @@
-//! Shared support of the large-row tests (`large_rows_selection.rs`, `large_rows_inputs.rs`):
+//! Shared support of the large-row tests (`large_rows/selection.rs`, `large_rows/inputs.rs`):
 //! rows of 8,193 to 327,680 ids against the f64 oracle of spec/sampling.md.
 //!
 //! The sampler's fast paths depend on the row's size and layout: runs of 32 values, blocks of

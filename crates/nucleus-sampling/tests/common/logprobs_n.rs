@@ -1,5 +1,5 @@
-//! Shared support of the `n` and `logprobs` tests (`logprobs_n_worked.rs`,
-//! `logprobs_n_oracle.rs`): independent f64 computations and assertion helpers.
+//! Shared support of the `n` and `logprobs` tests (`logprobs_n/worked.rs`,
+//! `logprobs_n/oracle.rs`): independent f64 computations and assertion helpers.
 //!
 //! `SamplingParams::n` (several samples from one processed distribution) and
 //! `SamplingParams::logprobs` (top-n log-probabilities, raw or processed), against

@@ -1,10 +1,10 @@
 //! Large rows (8,193 to 327,680 ids) against the f64 oracle of spec/sampling.md: the
 //! selection steps 6-11 (greedy, top-k, min-p, top-p, plain temperature sampling, logits near
 //! ±3e38 that take the exact fallback of step 7, exact boundaries with probability input).
-//! Steps 1-5 and the row formats are in `large_rows_inputs.rs`; what every case asserts and
+//! Steps 1-5 and the row formats are in `large_rows/inputs.rs`; what every case asserts and
 //! where its expected answer comes from are in `common/large_rows.rs`.
 
-mod common;
+use crate::common;
 
 use common::large_rows::*;
 use common::oracle::oracle_with_stops;

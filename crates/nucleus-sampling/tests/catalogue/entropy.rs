@@ -14,7 +14,7 @@
 //! test checks that premise first, so a failure there blames the platform's `exp`, not the
 //! processor.
 
-mod common;
+use crate::common;
 
 use common::{assert_close, SplitMix};
 use nucleus_sampling::chain::{
@@ -1057,58 +1057,5 @@ fn dynatemp_without_range_is_the_temperature_processor() {
             let b = applied(&mut Temperature::new(t).unwrap(), row);
             assert_eq!(a, b);
         }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Speed (release only: `cargo test --release --test catalogue_entropy -- --ignored`)
-// ---------------------------------------------------------------------------------------------
-
-/// The time of one run of `f`, in seconds.
-fn timed(mut f: impl FnMut()) -> f64 {
-    let t = std::time::Instant::now();
-    f();
-    t.elapsed().as_secs_f64()
-}
-
-#[test]
-#[ignore = "timing: run in release"]
-fn each_processor_is_within_3x_of_a_max_and_exp_pass() {
-    let row: Vec<f32> = common::normal_row(11, 151_936, 3.0);
-    // The reference: a max pass and a sum-of-exp pass (f32 exp, f64 sum).
-    let reference = || {
-        let max = row.iter().fold(NEG, |m, &l| m.max(l));
-        let s: f64 = row.iter().map(|&l| f64::from((l - max).exp())).sum();
-        std::hint::black_box(s);
-    };
-    let mut buf = row.clone();
-    let mut procs: Vec<Box<dyn LogitsProcessor>> = vec![
-        Box::new(Typical::new(0.9).unwrap()),
-        Box::new(Typical::new(0.2).unwrap()),
-        Box::new(TopNSigma::new(1.0).unwrap()),
-        Box::new(DynamicTemperature::new(1.0, 0.5, 1.0).unwrap()),
-        Box::new(LogSoftmax::new()),
-        Box::new(Epsilon::new(3e-4).unwrap()),
-        Box::new(Eta::new(3e-4).unwrap()),
-        Box::new(TopH::new(0.4).unwrap()),
-        Box::new(MinP::new(0.05).unwrap().with_min_keep(5).unwrap()),
-    ];
-    // The machine is shared: reference and processor runs alternate, and the fastest of
-    // each is compared (the copy of the row into the buffer is counted against the processor).
-    let mut report = Vec::new();
-    for p in &mut procs {
-        let (mut best_ref, mut best) = (f64::INFINITY, f64::INFINITY);
-        for _ in 0..40 {
-            best_ref = best_ref.min(timed(reference));
-            best = best.min(timed(|| {
-                buf.copy_from_slice(&row);
-                p.apply(&mut buf, &ctx0()).unwrap();
-            }));
-        }
-        report.push((p.name().to_string(), best_ref * 1e6, best / best_ref));
-    }
-    eprintln!("(name, reference us, ratio): {report:?}");
-    for (name, _, ratio) in report {
-        assert!(ratio < 3.0, "{name}: {ratio:.2}x the reference pass");
     }
 }

@@ -2,9 +2,9 @@
 //! processed) on hand-worked rows, and their options and errors, against spec/sampling.md
 //! ("Inputs", step 2, "Random streams", "Outputs") and the public API docs. Random rows against
 //! the f64 oracle, the `n` samples' streams, their statistics and batch invariance are in
-//! `logprobs_n_oracle.rs`; how the expectations are computed is in `common/logprobs_n.rs`.
+//! `logprobs_n/oracle.rs`; how the expectations are computed is in `common/logprobs_n.rs`.
 
-mod common;
+use crate::common;
 
 use common::logprobs_n::*;
 use common::{normal_row, spec_uniform};

@@ -3,7 +3,7 @@
 //! another step gives another distribution, and the expected values are worked out by hand (in
 //! f64) from the processors' definitions.
 
-mod common;
+use crate::common;
 
 use common::{assert_close, spec_uniform};
 use nucleus_sampling::chain::{ProcessorContext, SamplerChain};

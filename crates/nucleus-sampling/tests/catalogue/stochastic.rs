@@ -8,7 +8,7 @@
 //! clone, and the JSON configuration. Expected values never come from running the code under
 //! test; the coin and the draws are recomputed with the reference Philox of `common`.
 
-mod common;
+use crate::common;
 
 use common::stats::chi_square_test;
 use common::{

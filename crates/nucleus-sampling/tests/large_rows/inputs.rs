@@ -2,10 +2,10 @@
 //! and the forms a row comes in (penalties with top-k and greedy on the sparse and dense
 //! paths, logit_bias, bad_words and min_tokens, rows of mostly -inf, NaN and +inf anywhere,
 //! f16 / bf16 and padded rows through `sample_batch`). The selection steps 6-11 are in
-//! `large_rows_selection.rs`; what every case asserts and where its expected answer comes from
+//! `large_rows/selection.rs`; what every case asserts and where its expected answer comes from
 //! are in `common/large_rows.rs`.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Instant;

@@ -9,7 +9,7 @@
 //! (c) parameter errors naming the field; (d) state through reset / accept / clone. Expected
 //! values never come from running the implementation.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeSet, HashSet};
 
@@ -1033,85 +1033,5 @@ fn a_configured_chain_forces_then_suppresses_through_a_generation() {
         assert_eq!(token, want, "after {output:?}");
         c.accept(token);
         output.push(token);
-    }
-}
-
-/// Cost per row against one max + sum-of-exp pass over a 151,936-long row (run with
-/// `--ignored --nocapture` in a release-like profile).
-#[test]
-#[ignore]
-fn cost_per_row_against_max_and_sum_of_exp() {
-    use std::hint::black_box;
-    use std::time::Instant;
-    let vocab = 151_936;
-    let row = common::normal_row(3, vocab, 2.0);
-    let prompt: Vec<u32> = (0..2000).map(|i| (i * 37 % vocab) as u32).collect();
-    let output: Vec<u32> = (0..500).map(|i| (i * 91 % vocab) as u32).collect();
-    let stops = [2u32, 7];
-    let reps = 200;
-    let mut buf = row.clone();
-    // The baseline: the fast path at temperature 1 without filters (its max + sum-of-exp
-    // passes and the selection), on one thread.
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .unwrap();
-    let params = nucleus_sampling::SamplingParams {
-        seed: Some(1),
-        ..Default::default()
-    };
-    let request = nucleus_sampling::SampleRequest::new(&params, &[], &[], 0);
-    let base = pool.install(|| {
-        let t = Instant::now();
-        for _ in 0..reps {
-            black_box(nucleus_sampling::sample_row(black_box(&row), &request).unwrap());
-        }
-        t.elapsed().as_secs_f64() / reps as f64
-    });
-    let seq: Vec<(Vec<u32>, f64)> = (0..64)
-        .map(|i| ((0..4).map(|j| (i * 7 + j) as u32).collect(), 0.5))
-        .collect();
-    let mut rp = RepetitionPenalty::new(1.1)
-        .unwrap()
-        .with_prompt_ignore_length(100);
-    rp.reset(&prompt);
-    output.iter().for_each(|&t| rp.accept(t));
-    let mut er = EncoderRepetitionPenalty::new(1.1).unwrap();
-    er.reset(&prompt);
-    let processors: Vec<(Box<dyn LogitsProcessor>, &[u32])> = vec![
-        (Box::new(SequenceBias::new(seq).unwrap()), &output),
-        (Box::new(ForcedBos::new(3)), &[]),
-        (
-            Box::new(ForcedEos::new(2501, vec![2]).unwrap()),
-            &output[1..],
-        ),
-        (Box::new(SuppressTokens::new((0..100).collect())), &output),
-        (
-            Box::new(SuppressTokensAtBegin::new((0..100).collect(), 500)),
-            &output,
-        ),
-        (
-            Box::new(ExponentialDecayLengthPenalty::new(10, 1.05, None).unwrap()),
-            &output,
-        ),
-        (Box::new(rp), &output),
-        (Box::new(er), &output),
-        (Box::new(InfNanRemove::new()), &output),
-    ];
-    for (mut p, out) in processors {
-        let ctx = ProcessorContext::new(&prompt, out, 0).with_stop_token_ids(&stops);
-        let t = Instant::now();
-        for _ in 0..reps {
-            buf.copy_from_slice(&row);
-            p.apply(black_box(&mut buf), &ctx).unwrap();
-        }
-        let cost = t.elapsed().as_secs_f64() / reps as f64;
-        println!(
-            "{:34} {:8.1} us  ({:.2} x the fast path's {:.1} us; a row copy included)",
-            p.name(),
-            cost * 1e6,
-            cost / base,
-            base * 1e6
-        );
     }
 }

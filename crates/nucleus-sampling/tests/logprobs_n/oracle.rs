@@ -1,10 +1,10 @@
 //! `SamplingParams::n` and `SamplingParams::logprobs` on random rows against the f64 oracle of
 //! `common/oracle.rs`, the `n` samples and their sample indices ("Random streams"), chi-square
 //! statistics of `n = 8` samples, and batch and thread invariance. Hand-worked cases, options
-//! and errors are in `logprobs_n_worked.rs`; how the expectations are computed is in
+//! and errors are in `logprobs_n/worked.rs`; how the expectations are computed is in
 //! `common/logprobs_n.rs`.
 
-mod common;
+use crate::common;
 
 use common::logprobs_n::*;
 use common::oracle::{oracle_with_stops, Oracle, OracleError};

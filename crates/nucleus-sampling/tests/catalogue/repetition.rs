@@ -6,7 +6,7 @@
 //! in the comments) or come from the slow oracles written below from the definitions, never
 //! from running the implementation.
 
-mod common;
+use crate::common;
 
 use std::cell::Cell;
 use std::collections::BTreeSet;
