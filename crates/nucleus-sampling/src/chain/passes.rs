@@ -2,18 +2,25 @@
 //! runs (AVX-512F, AVX2 + FMA, or the build's baseline), chosen at run time as the fixed path's
 //! kernels are ([`crate::kernels`]).
 //!
-//! Each pass is plain Rust over fixed-width runs of [`L`] values with one accumulator per lane,
-//! so that LLVM vectorises it; the same body is compiled once per instruction set by
-//! [`multiversion!`]. Every body gives the same bits on every instruction set: no fused
-//! multiply-add is formed (Rust never contracts `a * b + c`), the weights use
-//! [`kernels::exp_w`], and every f64 sum has a fixed structure: per [`CHUNK`] ids, one partial
-//! sum per lane (lane `i` takes ids `i, i + L, ...` of the chunk, the chunk's tail lane by
-//! lane), the lanes combined pairwise (a fixed tree), the chunks in order. That structure
-//! depends only on the row (spec/sampling.md, "Random streams": chunking independent of
-//! threads), never on the machine.
+//! Each pass is plain Rust over fixed-width runs with one accumulator per lane, written so that
+//! LLVM vectorises it (the forms that it does vectorise were measured: see [`D`], [`tree`],
+//! [`lane_sum`]); the same body is compiled once per instruction set by [`multiversion!`].
+//! Every body gives the same bits on every instruction set: no fused multiply-add is formed
+//! implicitly (Rust never contracts `a * b + c`; [`kernels::exp_fma`]'s are explicit
+//! `mul_add`s, correctly rounded everywhere), and every f64 sum has a fixed structure: per
+//! [`CHUNK`] ids, [`D`] f64 lanes (lane `i` takes values `i, i + D, ...`, the tail padded with a
+//! neutral value), the exp passes first summing blocks of 16 terms per f32 lane ([`L`] lanes),
+//! the lanes combined in lane order, the chunks in order. That structure depends only on the
+//! row (spec/sampling.md, "Random streams": chunking independent of threads), never on the
+//! machine.
 //!
-//! A pass's weight is always `exp_w(l - max)` in f32 (0 for `-inf`, and for a difference that
-//! leaves f32, as in the processors' scalar definitions).
+//! Two exps, as in the fixed path: a sampling weight (the weights a selection draws from,
+//! [`exp_weights`], and mirostat's) is [`kernels::exp_w`] of the f32 difference `l - max`; the
+//! terms of a statistic (`Z` and the entropy sums of [`sum_exp`] and [`exp_stats`], and the
+//! weights those processors compare with a threshold) use [`kernels::exp_fma`], the fixed
+//! path's normaliser's exp (fused multiply-adds: the same correctly rounded operation on every
+//! instruction set, an instruction where the CPU has FMA). Both are within a few ulps of
+//! `exp`; 0 for `-inf` and for a difference that leaves f32.
 
 use crate::kernels::{self, exp_w};
 use crate::sampler::CHUNK;
@@ -72,10 +79,16 @@ fn tree(s: [f64; D]) -> f64 {
     s.iter().sum()
 }
 
-/// `exp_w(l - max)`, 0 for `-inf`.
+/// `exp_w(l - max)`, 0 for `-inf`: a sampling weight.
 #[inline(always)]
 fn weight(l: f32, max: f32) -> f32 {
     exp_w(l - max)
+}
+
+/// `exp_fma(l - max)`, 0 for `-inf`: a term of a statistic (the fixed path's normaliser's exp).
+#[inline(always)]
+fn term(l: f32, max: f32) -> f32 {
+    kernels::exp_fma(l - max)
 }
 
 /// `sum f(x)` in f64 over `part` (at most [`CHUNK`] long) with [`D`] lanes: lane `i` takes
@@ -106,7 +119,7 @@ multiversion! {
 }
 
 multiversion! {
-    /// `sum exp_w(l - max)` in f64; no write. Per [`CHUNK`], 16 f32 lanes each sum blocks of
+    /// `sum exp(l - max)` in f64 ([`kernels::exp_fma`]); no write. Per [`CHUNK`], 16 f32 lanes each sum blocks of
     /// 16 of their terms in f32 (relative error below 1e-6; the exp stays at full vector
     /// width), lane `i`'s block sums going to f64 lane `i mod 8`; the tail's terms go straight
     /// to the f64 lanes (as [`lane_sum`]).
@@ -120,14 +133,14 @@ multiversion! {
                 let mut p = [0.0f32; L];
                 for run in block.chunks_exact(L) {
                     for (a, &l) in p.iter_mut().zip(run) {
-                        *a += weight(l, max);
+                        *a += term(l, max);
                     }
                 }
                 for (i, &x) in p.iter().enumerate() {
                     s[i % D] += f64::from(x);
                 }
             }
-            z += tree(s) + lane_sum(rest, NEG, |l| f64::from(weight(l, max)));
+            z += tree(s) + lane_sum(rest, NEG, |l| f64::from(term(l, max)));
         }
         z
     }
@@ -155,7 +168,7 @@ pub(crate) struct ExpStats {
     pub count: usize,
 }
 
-/// Writes `w[i] = exp_w(l[i] - max)` (`w` resized to the row) and returns `z`, `s` and the
+/// Writes `w[i] = exp(l[i] - max)` ([`kernels::exp_fma`]; `w` resized to the row) and returns `z`, `s` and the
 /// count of finite logits: one exp pass ([`exp_sums`]) and a count.
 pub(crate) fn exp_stats(logits: &[f32], max: f32, w: &mut Vec<f32>) -> ExpStats {
     w.resize(logits.len(), 0.0);
@@ -168,7 +181,7 @@ pub(crate) fn exp_stats(logits: &[f32], max: f32, w: &mut Vec<f32>) -> ExpStats 
 }
 
 multiversion! {
-    /// Writes `w = exp_w(l - max)` and returns `(sum w, sum w (l - max))` (the second over
+    /// Writes `w = exp_fma(l - max)` and returns `(sum w, sum w (l - max))` (the second over
     /// `w > 0`, `l - max` in f32), both in f64 with [`sum_exp`]'s structure: 16 f32 lanes
     /// summing blocks of 16 terms in f32, each block's sums into f64 lane `i mod 8`; the
     /// chunk's tail padded with `-inf` to whole runs of 16.
@@ -179,7 +192,7 @@ multiversion! {
             let run_terms = |run: &[f32], out: &mut [f32], pz: &mut [f32; L], ps: &mut [f32; L]| {
                 for (((a, b), o), &l) in pz.iter_mut().zip(ps.iter_mut()).zip(out.iter_mut()).zip(run) {
                     let d = l - max;
-                    let e = exp_w(d);
+                    let e = kernels::exp_fma(d);
                     *o = e;
                     *a += e;
                     // `d` is -inf where `e` is 0: select, never 0 * -inf.
@@ -473,7 +486,8 @@ pub(super) mod tests {
             .sum();
         let mut out = vec![0.0; r.len()];
         let st = exp_stats(&r, max, &mut out);
-        assert_eq!(out, w);
+        let fma: Vec<f32> = r.iter().map(|&l| kernels::exp_fma(l - max)).collect();
+        assert_eq!(out, fma);
         // f32 blocks of 16 terms: within 1e-6 relative.
         assert!((st.z - want_z).abs() <= 1e-6 * want_z);
         assert!((st.s - want_s).abs() <= 1e-6 * want_s.abs());
