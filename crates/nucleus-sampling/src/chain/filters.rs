@@ -503,13 +503,12 @@ impl LogitsProcessor for Epsilon {
         logits: &mut [f32],
         _ctx: &ProcessorContext<'_>,
     ) -> Result<(), SampleError> {
-        // The weights and their sum (no entropy): the dispatched exp pass and a sum pass.
+        // The weights and their sum (no entropy): one fused pass.
         let max = row_max(logits);
         if max == f32::NEG_INFINITY {
             return Ok(());
         }
-        super::passes::exp_weights(logits, max, &mut self.w);
-        let z = super::passes::sum_weights(&self.w);
+        let z = super::passes::exp_weights_sum(logits, max, &mut self.w);
         cut_below(
             logits,
             &self.w,

@@ -172,7 +172,7 @@ pub(crate) struct ExpStats {
 /// count of finite logits: one exp pass ([`exp_sums`]) and a count.
 pub(crate) fn exp_stats(logits: &[f32], max: f32, w: &mut Vec<f32>) -> ExpStats {
     w.resize(logits.len(), 0.0);
-    let (z, s) = exp_sums(logits, max, w);
+    let (z, s) = exp_sums(logits, max, w, true);
     ExpStats {
         z,
         s,
@@ -180,12 +180,19 @@ pub(crate) fn exp_stats(logits: &[f32], max: f32, w: &mut Vec<f32>) -> ExpStats 
     }
 }
 
+/// Writes `w[i] = exp(l[i] - max)` ([`kernels::exp_fma`]; `w` resized to the row) and returns
+/// their f64 sum `z`: one fused pass ([`exp_sums`] without the entropy sum).
+pub(crate) fn exp_weights_sum(logits: &[f32], max: f32, w: &mut Vec<f32>) -> f64 {
+    w.resize(logits.len(), 0.0);
+    exp_sums(logits, max, w, false).0
+}
+
 multiversion! {
     /// Writes `w = exp_fma(l - max)` and returns `(sum w, sum w (l - max))` (the second over
-    /// `w > 0`, `l - max` in f32), both in f64 with [`sum_exp`]'s structure: 16 f32 lanes
+    /// `w > 0`, `l - max` in f32; 0 unless `entropy`), both in f64 with [`sum_exp`]'s structure: 16 f32 lanes
     /// summing blocks of 16 terms in f32, each block's sums into f64 lane `i mod 8`; the
     /// chunk's tail padded with `-inf` to whole runs of 16.
-    fn exp_sums(logits: &[f32], max: f32, w: &mut [f32]) -> (f64, f64) {
+    fn exp_sums(logits: &[f32], max: f32, w: &mut [f32], entropy: bool) -> (f64, f64) {
         let (mut z, mut s) = (0.0f64, 0.0f64);
         for (ls, ws) in logits.chunks(CHUNK).zip(w.chunks_mut(CHUNK)) {
             let (mut zl, mut sl) = ([0.0f64; D], [0.0f64; D]);
@@ -195,8 +202,11 @@ multiversion! {
                     let e = kernels::exp_fma(d);
                     *o = e;
                     *a += e;
-                    // `d` is -inf where `e` is 0: select, never 0 * -inf.
-                    *b += if e > 0.0 { e * d } else { 0.0 };
+                    // `d` is -inf where `e` is 0: select, never 0 * -inf. (A loop-invariant
+                    // test: LLVM unswitches it.)
+                    if entropy {
+                        *b += if e > 0.0 { e * d } else { 0.0 };
+                    }
                 }
             };
             let whole = ls.len() / (16 * L) * (16 * L);

@@ -600,8 +600,9 @@ impl AdaptiveP {
         if max == NEG {
             return Err(SampleError::NoCandidates);
         }
-        passes::exp_weights(logits, max, original);
-        let z = passes::sum_weights(original);
+        // The original probabilities are a statistic (the transform's input and the state's
+        // update), not the weights drawn from: the fused exp-and-sum pass.
+        let z = passes::exp_weights_sum(logits, max, original);
         if self.is_off() {
             return Ok(z);
         }
