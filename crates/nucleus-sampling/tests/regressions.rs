@@ -39,6 +39,31 @@ fn tiny_repetition_penalty_overflowing_a_logit_is_an_error_not_nan() {
 }
 
 #[test]
+fn repetition_penalty_rounding_to_zero_keeps_a_removed_token_removed() {
+    // 1e-46 is 0 in f32: -0.5 * 0 = -0, and the removed token 1 (-inf) stays -inf instead of
+    // -inf * 0 = NaN. Expected: the softmax of [1, -inf, 0], by hand.
+    let params = SamplingParams {
+        repetition_penalty: 1e-46,
+        ..Default::default()
+    };
+    let row = [1.0f32, f32::NEG_INFINITY, -0.5];
+    let e = std::f64::consts::E;
+    let want = [e / (e + 1.0), 0.0, 1.0 / (e + 1.0)];
+    let got = distribution(&row, &SampleRequest::new(&params, &[1, 2], &[], 2)).unwrap();
+    for (g, w) in got.iter().zip(want) {
+        assert!((g - w).abs() < 1e-6, "{got:?}");
+    }
+    // The chain's processor: the same.
+    use nucleus_sampling::chain::{LogitsProcessor, ProcessorContext, RepetitionPenalty};
+    let mut p = RepetitionPenalty::new(1e-46).unwrap();
+    p.reset(&[1, 2]);
+    let mut l = row;
+    p.apply(&mut l, &ProcessorContext::default()).unwrap();
+    assert_eq!(l[1], f32::NEG_INFINITY);
+    assert_eq!((l[0], l[2]), (1.0, 0.0));
+}
+
+#[test]
 fn huge_repetition_penalty_on_a_zero_logit_is_an_error_not_nan() {
     // r = 1e300 is inf in f32 and 0 * inf is NaN.
     let params = SamplingParams {

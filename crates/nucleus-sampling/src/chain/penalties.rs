@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use super::{check_range, LogitsProcessor, ProcessorContext};
 use crate::error::{ParamError, SampleError};
 use crate::params::LOGIT_BIAS_LIMIT;
+use crate::sampler::repetition_penalized;
 
 /// Adds a bias to the logits of some ids: `l = (l as f64 + bias) as f32`, each bias clamped to
 /// `[-100, 100]` (spec step 4; OpenAI's and vLLM's `logit_bias`). `-inf` stays `-inf`.
@@ -184,7 +185,7 @@ impl LogitsProcessor for RepetitionPenalty {
         for &id in &self.ids {
             let l = &mut logits[id as usize];
             let before = *l;
-            *l = if before > 0.0 { before / r } else { before * r };
+            *l = repetition_penalized(before, r);
             if before.is_finite() && !l.is_finite() {
                 return Err(SampleError::PenaltyOverflow {
                     token_id: id,

@@ -70,6 +70,7 @@ mod select;
 
 pub(crate) use check::non_finite;
 pub(crate) use logprobs::{dense_top_logprobs, processed_logprobs_from, raw_logprobs};
+pub(crate) use modify::repetition_penalized;
 // Not used outside the sampler today; kept at their paths of the single-file sampler.
 #[allow(unused_imports)]
 pub(crate) use logprobs::{fill_impossible, top_values};

@@ -96,7 +96,7 @@ pub(super) fn apply_sparse_modifications(
         let r = penalty as f32;
         for (&id, l) in scratch.mod_ids.iter().zip(scratch.mod_vals.iter_mut()) {
             let before = *l;
-            *l = if before > 0.0 { before / r } else { before * r };
+            *l = repetition_penalized(before, r);
             if before.is_finite() && !l.is_finite() {
                 return Err(SampleError::PenaltyOverflow {
                     token_id: id,
@@ -246,6 +246,22 @@ pub(super) fn apply_constraints_bias_penalties(
     )
 }
 
+/// The repetition penalty of one logit: `l > 0 ? l / r : l * r` (CTRL; Hugging Face's
+/// `RepetitionPenaltyLogitsProcessor`), with `-inf` (a removed token) left `-inf`: an `r` that
+/// rounds to 0 in f32 (a penalty below about 1.4e-45) would otherwise make `-inf * 0`, NaN, and
+/// the row a `NonFiniteLogits` error that no input caused. (A finite logit leaving the f32
+/// range, `0 * inf` included, is the caller's `PenaltyOverflow`.)
+#[inline]
+pub(crate) fn repetition_penalized(l: f32, r: f32) -> f32 {
+    if l > 0.0 {
+        l / r
+    } else if l == f32::NEG_INFINITY {
+        l
+    } else {
+        l * r
+    }
+}
+
 /// Applies, in the order of spec/sampling.md: step 3, the hard constraints `bad_words` and
 /// `min_tokens` (set to `floor`); step 4, `logit_bias` added (clamped to ±100); step 5, the
 /// repetition penalty `l > 0 ? l / r : l * r` once per distinct prompt or output id (CTRL;
@@ -299,7 +315,7 @@ fn modify(
                 seen[word] |= bit;
                 let l = logits.slot(id);
                 let before = *l;
-                *l = if before > 0.0 { before / r } else { before * r };
+                *l = repetition_penalized(before, r);
                 if before.is_finite() && !l.is_finite() && overflow.is_none() {
                     overflow = Some(SampleError::PenaltyOverflow {
                         token_id: id,
