@@ -80,6 +80,7 @@ pub mod npu;
 mod params;
 pub mod philox;
 mod sampler;
+pub mod speculative;
 mod view;
 
 pub use bitmask::{

@@ -1,0 +1,259 @@
+//! Speculative-decoding verification: accept or reject a draft model's `K` tokens against the
+//! target model's `K + 1` rows, exactly (Leviathan et al. 2023, "Fast Inference from
+//! Transformers via Speculative Decoding"; Chen et al. 2023, "Accelerating Large Language Model
+//! Decoding with Speculative Sampling"; the rule of FlashInfer's `chain_speculative_sampling` and
+//! of vLLM's rejection sampler, `vllm/v1/sample/rejection_sampler.py`).
+//!
+//! For draft position `i = 0, 1, ...`, with `p_i` the target's final distribution of row `i`
+//! ([`crate::distribution`] of the request's parameters, in the context `output_ids +
+//! draft[..i]`, at position `position + i`) and `q_i` the draft's:
+//! - the drafted token `x_i` is accepted when `p_i(x_i) / q_i(x_i) >= u`, `u` the request's
+//!   Philox uniform at `(seed, position + i, 0)` with draw kind [`philox::draw::SPEC_ACCEPT`]
+//!   (spec/sampling.md, "Random streams": counter word 3 = 2), i.e. with probability
+//!   `min(1, p_i(x_i) / q_i(x_i))` (vLLM's `target_prob / draft_prob >= uniform_prob`);
+//! - on the first rejection, the token is drawn from the residual `max(0, p_i - q_i)`
+//!   normalised, by inverse CDF in token-id order with the uniform of draw kind
+//!   [`philox::draw::SPEC_RESIDUAL`] (word 3 = 3) at `position + i`, and verification stops;
+//! - after `K` acceptances the bonus token is drawn from `p_K` the same way (kind 3 at
+//!   `position + K`).
+//!
+//! Every draw depends only on the seed and the position of the token it decides, so the
+//! result does not depend on the batch, its order or the thread count. Each emitted token is
+//! distributed exactly as the target's distribution at its place (the theorem of both papers).
+//!
+//! Greedy (temperature below [`crate::GREEDY_TEMPERATURE`]): the target's distribution is
+//! one-hot at its argmax, so a draft token is accepted exactly when it is the argmax, and the
+//! residual is the argmax. No draft distribution (n-gram or prompt-lookup drafts): the draft is
+//! one-hot on its token, `q_i(x_i) = 1`, so `x_i` is accepted with probability `p_i(x_i)` and the
+//! residual is `p_i` without `x_i`.
+
+use crate::error::{ParamError, SampleError};
+use crate::params::SamplingParams;
+use crate::philox;
+use crate::sampler::{distribution, distribution_from_probs, os_seed, SampleRequest};
+
+/// The target model's `K + 1` rows, row-major, `vocab_size` values each.
+#[derive(Clone, Copy, Debug)]
+pub enum TargetRows<'a> {
+    /// Logits (f32), processed with the request's parameters as [`crate::distribution`] does.
+    Logits(&'a [f32]),
+    /// Probabilities (f32), as [`crate::distribution_from_probs`] takes them.
+    Probs(&'a [f32]),
+}
+
+/// One request's verification.
+#[derive(Clone, Copy, Debug)]
+pub struct VerifyRequest<'a> {
+    /// The request's sampling parameters (the seed is `params.seed`, drawn from the OS when
+    /// absent). Mirostat (`params.mirostat != 0`) is refused: its `mu` would move with every
+    /// accepted token.
+    pub params: &'a SamplingParams,
+    /// The prompt's token ids.
+    pub prompt_ids: &'a [u32],
+    /// The token ids generated before the draft.
+    pub output_ids: &'a [u32],
+    /// Index, in the whole sequence (prompt included), of the first draft token.
+    pub position: u64,
+    /// The `K` drafted token ids, each below `vocab_size`.
+    pub draft_token_ids: &'a [u32],
+    /// The draft model's distributions, `K` rows of `vocab_size` f32 probabilities
+    /// (non-negative, finite; each row is divided by its f64 sum), or `None` for a one-hot
+    /// draft (n-gram / prompt lookup).
+    pub draft_probs: Option<&'a [f32]>,
+    /// The target model's `K + 1` rows.
+    pub target: TargetRows<'a>,
+    /// Ids per row.
+    pub vocab_size: usize,
+}
+
+/// The result of [`verify`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct VerifyOutput {
+    /// How many draft tokens were accepted (`0..=K`).
+    pub accepted: usize,
+    /// The emitted tokens: the `accepted` draft tokens, then the residual or bonus token
+    /// (`accepted + 1` ids).
+    pub tokens: Vec<u32>,
+    /// The natural-log probability of each emitted token under the target's processed
+    /// distribution at its place (`accepted + 1` values).
+    pub logprobs: Vec<f64>,
+    /// The seed the draws used.
+    pub seed: u64,
+}
+
+/// Verifies one request's draft (module doc).
+///
+/// # Errors
+/// - [`SampleError::InvalidParams`] for a shape that does not fit (`target` not `(K + 1) *
+///   vocab_size` values, `draft_probs` not `K * vocab_size`, `vocab_size` 0), a draft row
+///   with a NaN, infinite or negative value or a zero sum, a drafted token whose draft
+///   probability is 0 (`draft_probs`: it cannot have been drawn), and `params.mirostat != 0`.
+/// - [`SampleError::TokenIdOutOfRange`] for a drafted id `>= vocab_size` (field
+///   `"draft_token_ids"`).
+/// - [`SampleError::SeedUnavailable`] when no seed is given and the OS has none.
+/// - Any error of [`crate::distribution`] on a target row (NaN logits, no candidates, ...).
+pub fn verify(request: &VerifyRequest<'_>) -> Result<VerifyOutput, SampleError> {
+    let v = request.vocab_size;
+    let draft = request.draft_token_ids;
+    let k = draft.len();
+    if v == 0 {
+        return Err(ParamError::new("vocab_size", v, ">= 1").into());
+    }
+    if request.params.mirostat != 0 {
+        return Err(ParamError::new(
+            "mirostat",
+            request.params.mirostat,
+            "0 in speculative verification (mirostat's mu moves with each accepted token)",
+        )
+        .into());
+    }
+    let (rows, probs_input) = match request.target {
+        TargetRows::Logits(r) => (r, false),
+        TargetRows::Probs(r) => (r, true),
+    };
+    if Some(rows.len()) != (k + 1).checked_mul(v) {
+        return Err(ParamError::new(
+            "target",
+            format!("{} values for K = {k}, vocab_size {v}", rows.len()),
+            "(K + 1) * vocab_size values",
+        )
+        .into());
+    }
+    if let Some(&token_id) = draft.iter().find(|&&t| t as usize >= v) {
+        return Err(SampleError::TokenIdOutOfRange {
+            field: "draft_token_ids",
+            token_id,
+            vocab_size: v,
+        });
+    }
+    if let Some(q) = request.draft_probs {
+        if q.len() != k * v {
+            return Err(ParamError::new(
+                "draft_probs",
+                format!("{} values for K = {k}, vocab_size {v}", q.len()),
+                "K * vocab_size values",
+            )
+            .into());
+        }
+    }
+    let seed = match request.params.seed {
+        Some(s) => s,
+        None => os_seed()?,
+    };
+    let mut context: Vec<u32> = request.output_ids.to_vec();
+    let mut out = VerifyOutput {
+        accepted: 0,
+        tokens: Vec::with_capacity(k + 1),
+        logprobs: Vec::with_capacity(k + 1),
+        seed,
+    };
+    for i in 0..=k {
+        let position = request.position + i as u64;
+        let row = &rows[i * v..(i + 1) * v];
+        let req = SampleRequest::new(request.params, request.prompt_ids, &context, position);
+        let p = if probs_input {
+            distribution_from_probs(row, &req)?
+        } else {
+            distribution(row, &req)?
+        };
+        let residual_u = philox::uniform_kind(seed, position, 0, philox::draw::SPEC_RESIDUAL);
+        if i == k {
+            // Every draft token accepted: the bonus token from the last target row.
+            let t = inverse_cdf(&p, residual_u);
+            out.tokens.push(t);
+            out.logprobs.push(p[t as usize].ln());
+            return Ok(out);
+        }
+        let x = draft[i];
+        let q = draft_row(request.draft_probs, i, v, x)?;
+        let q_x = q.as_ref().map_or(1.0, |q| q[x as usize]);
+        let u = philox::uniform_kind(seed, position, 0, philox::draw::SPEC_ACCEPT);
+        if p[x as usize] / q_x >= u {
+            out.accepted += 1;
+            out.tokens.push(x);
+            out.logprobs.push(p[x as usize].ln());
+            context.push(x);
+            continue;
+        }
+        // Rejected: the residual max(0, p - q), normalised.
+        let residual: Vec<f64> = match &q {
+            Some(q) => p.iter().zip(q).map(|(&a, &b)| (a - b).max(0.0)).collect(),
+            None => {
+                let mut r = p.clone();
+                r[x as usize] = 0.0;
+                r
+            }
+        };
+        // The residual is positive wherever p > q, and a rejection needs p(x) < q(x); a sum
+        // of 0 can only come from rounding, where p itself is the limit.
+        let t = if residual.iter().any(|&r| r > 0.0) {
+            inverse_cdf(&residual, residual_u)
+        } else {
+            inverse_cdf(&p, residual_u)
+        };
+        out.tokens.push(t);
+        out.logprobs.push(p[t as usize].ln());
+        return Ok(out);
+    }
+    unreachable!("the loop returns at i == K")
+}
+
+/// Draft row `i` as f64 probabilities (divided by the row's sum), checked; `None` for a one-hot
+/// draft.
+fn draft_row(
+    probs: Option<&[f32]>,
+    i: usize,
+    v: usize,
+    x: u32,
+) -> Result<Option<Vec<f64>>, SampleError> {
+    let Some(probs) = probs else {
+        return Ok(None);
+    };
+    let row = &probs[i * v..(i + 1) * v];
+    if let Some((id, &bad)) = row
+        .iter()
+        .enumerate()
+        .find(|(_, &q)| !(q.is_finite() && q >= 0.0))
+    {
+        return Err(ParamError::new(
+            "draft_probs",
+            format!("{bad} (row {i}, id {id})"),
+            "finite and >= 0",
+        )
+        .into());
+    }
+    let sum: f64 = row.iter().map(|&q| f64::from(q)).sum();
+    if sum <= 0.0 {
+        return Err(ParamError::new(
+            "draft_probs",
+            format!("row {i} sums to {sum}"),
+            "rows with a positive sum",
+        )
+        .into());
+    }
+    if row[x as usize] == 0.0 {
+        return Err(ParamError::new(
+            "draft_probs",
+            format!("0 at the drafted token {x} (row {i})"),
+            "> 0 at each drafted token (a token of probability 0 cannot have been drawn)",
+        )
+        .into());
+    }
+    Ok(Some(row.iter().map(|&q| f64::from(q) / sum).collect()))
+}
+
+/// Inverse-CDF selection in token-id order over non-negative f64 weights: the first id whose
+/// running sum exceeds `u * total`; if rounding leaves the total below, the last id with a
+/// positive weight.
+fn inverse_cdf(w: &[f64], u: f64) -> u32 {
+    let total: f64 = w.iter().sum();
+    let target = u * total;
+    let mut acc = 0.0f64;
+    for (i, &x) in w.iter().enumerate() {
+        acc += x;
+        if acc > target {
+            return i as u32;
+        }
+    }
+    w.iter().rposition(|&x| x > 0.0).unwrap_or(0) as u32
+}
