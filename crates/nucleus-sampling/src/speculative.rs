@@ -198,6 +198,15 @@ pub fn verify(request: &VerifyRequest<'_>) -> Result<VerifyOutput, SampleError> 
     unreachable!("the loop returns at i == K")
 }
 
+/// [`verify`] for a batch of requests, in parallel on the current rayon pool: result `i` is
+/// request `i`'s, bit for bit what [`verify`] gives it alone (every draw depends only on its
+/// own seed and positions), whatever the batch, its order or the thread count. A request's
+/// error leaves the others computed.
+pub fn verify_batch(requests: &[VerifyRequest<'_>]) -> Vec<Result<VerifyOutput, SampleError>> {
+    use rayon::prelude::*;
+    requests.par_iter().map(verify).collect()
+}
+
 /// Draft row `i` as f64 probabilities (divided by the row's sum), checked; `None` for a one-hot
 /// draft.
 fn draft_row(

@@ -12,7 +12,7 @@ mod common;
 
 use common::stats::chi_square_test;
 use common::SplitMix;
-use nucleus_sampling::speculative::{verify, TargetRows, VerifyRequest};
+use nucleus_sampling::speculative::{verify, verify_batch, TargetRows, VerifyRequest};
 use nucleus_sampling::{SampleError, SamplingParams};
 
 const ALPHA: f64 = 1e-6;
@@ -438,4 +438,82 @@ fn bad_input_is_a_typed_error() {
         }),
         Err(SampleError::NonFiniteLogits { .. })
     ));
+}
+
+#[test]
+fn a_batch_gives_each_request_its_answer_alone_on_one_or_two_threads() {
+    // 16 requests over a 3,000-id vocabulary (rows long enough for the sampler's chunked
+    // sums), different drafts, seeds, positions and parameters; one request is invalid.
+    let v = 3_000usize;
+    let mut g = SplitMix(4242);
+    let k = 3usize;
+    let targets: Vec<Vec<f32>> = (0..16)
+        .map(|_| {
+            (0..(k + 1) * v)
+                .map(|_| (g.next_f64() * 8.0 - 4.0) as f32)
+                .collect()
+        })
+        .collect();
+    let drafts: Vec<Vec<f32>> = (0..16)
+        .map(|_| (0..k * v).map(|_| g.next_f64() as f32 + 1e-3).collect())
+        .collect();
+    let ids: Vec<Vec<u32>> = (0..16)
+        .map(|r| {
+            (0..k)
+                .map(|_| {
+                    if r == 5 {
+                        3_000
+                    } else {
+                        g.below(v as u64) as u32
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    let pars: Vec<SamplingParams> = (0..16)
+        .map(|r| SamplingParams {
+            seed: Some(900 + r as u64),
+            temperature: [1.0, 0.7, 0.0, 1.3][r % 4],
+            top_p: [1.0, 0.9][r % 2],
+            repetition_penalty: [1.0, 1.2, 1.0, 1.1][r % 4],
+            ..Default::default()
+        })
+        .collect();
+    let output = [1u32, 2, 3];
+    let reqs: Vec<VerifyRequest<'_>> = (0..16)
+        .map(|r| VerifyRequest {
+            params: &pars[r],
+            prompt_ids: &[7, 8],
+            output_ids: &output,
+            position: 5 + r as u64,
+            draft_token_ids: &ids[r],
+            draft_probs: if r % 3 == 0 { None } else { Some(&drafts[r]) },
+            target: TargetRows::Logits(&targets[r]),
+            vocab_size: v,
+        })
+        .collect();
+    let alone: Vec<_> = reqs.iter().map(verify).collect();
+    assert!(alone[5].is_err());
+    assert!(alone.iter().enumerate().all(|(r, a)| r == 5 || a.is_ok()));
+    for threads in [1, 2] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        let batch = pool.install(|| verify_batch(&reqs));
+        assert_eq!(
+            format!("{batch:?}"),
+            format!("{alone:?}"),
+            "{threads} threads"
+        );
+        // Reversed order: the same answers, reversed.
+        let rev: Vec<VerifyRequest<'_>> = reqs.iter().rev().copied().collect();
+        let mut back = pool.install(|| verify_batch(&rev));
+        back.reverse();
+        assert_eq!(
+            format!("{back:?}"),
+            format!("{alone:?}"),
+            "{threads} threads, reversed"
+        );
+    }
 }
