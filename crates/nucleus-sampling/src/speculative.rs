@@ -5,8 +5,9 @@
 //! of vLLM's rejection sampler, `vllm/v1/sample/rejection_sampler.py`).
 //!
 //! For draft position `i = 0, 1, ...`, with `p_i` the target's final distribution of row `i`
-//! ([`crate::distribution`] of the request's parameters, in the context `output_ids +
-//! draft[..i]`, at position `position + i`) and `q_i` the draft's:
+//! ([`crate::distribution`] of the request's parameters or [`SamplerChain::distribution`] of
+//! its chain, in the context `output_ids + draft[..i]`, at position `position + i`) and `q_i`
+//! the draft's:
 //! - the drafted token `x_i` is accepted when `p_i(x_i) / q_i(x_i) >= u`, `u` the request's
 //!   Philox uniform at `(seed, position + i, 0)` with draw kind [`philox::draw::SPEC_ACCEPT`]
 //!   (spec/sampling.md, "Random streams": counter word 3 = 2), i.e. with probability
@@ -27,6 +28,7 @@
 //! one-hot on its token, `q_i(x_i) = 1`, so `x_i` is accepted with probability `p_i(x_i)` and the
 //! residual is `p_i` without `x_i`.
 
+use crate::chain::{ProcessorContext, SamplerChain};
 use crate::error::{ParamError, SampleError};
 use crate::params::SamplingParams;
 use crate::philox;
@@ -35,23 +37,45 @@ use crate::sampler::{distribution, distribution_from_probs, os_seed, SampleReque
 /// The target model's `K + 1` rows, row-major, `vocab_size` values each.
 #[derive(Clone, Copy, Debug)]
 pub enum TargetRows<'a> {
-    /// Logits (f32), processed with the request's parameters as [`crate::distribution`] does.
+    /// Logits (f32), processed with the request's parameters as [`crate::distribution`] does
+    /// (or by its chain, [`SamplerChain::distribution`]).
     Logits(&'a [f32]),
-    /// Probabilities (f32), as [`crate::distribution_from_probs`] takes them.
+    /// Probabilities (f32), as [`crate::distribution_from_probs`] takes them (with
+    /// [`Verifier::Params`] only: a chain's processors act on logits).
     Probs(&'a [f32]),
+}
+
+/// How the target's rows become its final distributions.
+#[derive(Clone, Copy, Debug)]
+pub enum Verifier<'a> {
+    /// The request's sampling parameters (the seed is `params.seed`, drawn from the OS when
+    /// absent). Refused: `mirostat != 0` (its `mu` is a chain's state: use
+    /// [`Verifier::Chain`]), `n != 1` and `logprobs` (the answer holds one log-probability per
+    /// emitted token).
+    Params(&'a SamplingParams),
+    /// A processor chain in its state before the draft: reset with `prompt_ids` and told each
+    /// id of `output_ids` ([`SamplerChain::accept`]), as a decode loop keeps it. It is cloned,
+    /// never changed: row `i` is the clone told the accepted draft tokens `draft[..i]` (each
+    /// after its own row's distribution, so a mirostat `mu` moves as in a sequential loop).
+    /// The seed is the selection's (`sample`, `mirostat`, `adaptive_p`; drawn from the OS when
+    /// absent; 0 for `greedy`, which draws nothing). Refused: a selection with `n != 1` or
+    /// `logprobs`. [`verify_chain`] also hands back the chain advanced past the emitted
+    /// tokens.
+    Chain(&'a SamplerChain),
 }
 
 /// One request's verification.
 #[derive(Clone, Copy, Debug)]
 pub struct VerifyRequest<'a> {
-    /// The request's sampling parameters (the seed is `params.seed`, drawn from the OS when
-    /// absent). Mirostat (`params.mirostat != 0`) is refused: its `mu` would move with every
-    /// accepted token.
-    pub params: &'a SamplingParams,
+    /// The request's parameters or chain.
+    pub verifier: Verifier<'a>,
     /// The prompt's token ids.
     pub prompt_ids: &'a [u32],
     /// The token ids generated before the draft.
     pub output_ids: &'a [u32],
+    /// Stop (and EOS) token ids, banned while fewer than `min_tokens` ids are generated
+    /// ([`SampleRequest::stop_token_ids`]); counted with the drafted tokens before each row.
+    pub stop_token_ids: &'a [u32],
     /// Index, in the whole sequence (prompt included), of the first draft token.
     pub position: u64,
     /// The `K` drafted token ids, each below `vocab_size`.
@@ -64,6 +88,29 @@ pub struct VerifyRequest<'a> {
     pub target: TargetRows<'a>,
     /// Ids per row.
     pub vocab_size: usize,
+}
+
+impl<'a> VerifyRequest<'a> {
+    /// A request with parameters, no context and a one-hot draft: set the other fields
+    /// directly.
+    pub fn new(
+        verifier: Verifier<'a>,
+        draft_token_ids: &'a [u32],
+        target: TargetRows<'a>,
+        vocab_size: usize,
+    ) -> Self {
+        Self {
+            verifier,
+            prompt_ids: &[],
+            output_ids: &[],
+            stop_token_ids: &[],
+            position: 0,
+            draft_token_ids,
+            draft_probs: None,
+            target,
+            vocab_size,
+        }
+    }
 }
 
 /// The result of [`verify`].
@@ -87,29 +134,130 @@ pub struct VerifyOutput {
 /// - [`SampleError::InvalidParams`] for a shape that does not fit (`target` not `(K + 1) *
 ///   vocab_size` values, `draft_probs` not `K * vocab_size`, `vocab_size` 0), a draft row
 ///   with a NaN, infinite or negative value or a zero sum, a drafted token whose draft
-///   probability is 0 (`draft_probs`: it cannot have been drawn), and `params.mirostat != 0`.
+///   probability is 0 (`draft_probs`: it cannot have been drawn), target probabilities with
+///   a chain, and the refused parameters of [`Verifier`].
 /// - [`SampleError::TokenIdOutOfRange`] for a drafted id `>= vocab_size` (field
 ///   `"draft_token_ids"`).
 /// - [`SampleError::SeedUnavailable`] when no seed is given and the OS has none.
-/// - Any error of [`crate::distribution`] on a target row (NaN logits, no candidates, ...).
+/// - Any error of [`crate::distribution`] or [`SamplerChain::distribution`] on a target row
+///   (NaN logits, no candidates, a context id out of range, ...).
 pub fn verify(request: &VerifyRequest<'_>) -> Result<VerifyOutput, SampleError> {
+    run(request).map(|(out, _)| out)
+}
+
+/// [`verify`] with a chain that is advanced on success: `chain` (in its state before the
+/// draft, as [`Verifier::Chain`] says) becomes the chain after the emitted tokens, each told
+/// after its own row's distribution, as a sequential decode loop would leave it. On an error
+/// the chain is unchanged. `request.verifier` is ignored (the chain is `chain`).
+///
+/// # Errors
+/// As [`verify`].
+pub fn verify_chain(
+    request: &VerifyRequest<'_>,
+    chain: &mut SamplerChain,
+) -> Result<VerifyOutput, SampleError> {
+    let request = VerifyRequest {
+        verifier: Verifier::Chain(chain),
+        ..*request
+    };
+    let (out, advanced) = run(&request)?;
+    if let Some(advanced) = advanced {
+        *chain = advanced;
+    }
+    Ok(out)
+}
+
+/// [`verify`] for a batch of requests, in parallel on the current rayon pool: result `i` is
+/// request `i`'s, bit for bit what [`verify`] gives it alone (every draw depends only on its
+/// own seed and positions), whatever the batch, its order or the thread count. A request's
+/// error leaves the others computed.
+pub fn verify_batch(requests: &[VerifyRequest<'_>]) -> Vec<Result<VerifyOutput, SampleError>> {
+    use rayon::prelude::*;
+    requests.par_iter().map(verify).collect()
+}
+
+/// Refuses `n != 1` and top log-probabilities, which verification does not produce.
+fn check_single(n: usize, logprobs: Option<usize>) -> Result<(), SampleError> {
+    if n != 1 {
+        return Err(ParamError::new(
+            "n",
+            n,
+            "1 in speculative verification (one sequence per request)",
+        )
+        .into());
+    }
+    if let Some(k) = logprobs {
+        return Err(ParamError::new(
+            "logprobs",
+            k,
+            "absent in speculative verification (the answer holds each emitted token's \
+             processed log-probability)",
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// The target's final distribution of one row.
+enum Target<'a> {
+    Params {
+        params: &'a SamplingParams,
+        probs: bool,
+    },
+    Chain(SamplerChain),
+}
+
+/// The verification, and for a chain the chain after the emitted tokens.
+fn run(request: &VerifyRequest<'_>) -> Result<(VerifyOutput, Option<SamplerChain>), SampleError> {
     let v = request.vocab_size;
     let draft = request.draft_token_ids;
     let k = draft.len();
     if v == 0 {
         return Err(ParamError::new("vocab_size", v, ">= 1").into());
     }
-    if request.params.mirostat != 0 {
-        return Err(ParamError::new(
-            "mirostat",
-            request.params.mirostat,
-            "0 in speculative verification (mirostat's mu moves with each accepted token)",
-        )
-        .into());
-    }
     let (rows, probs_input) = match request.target {
         TargetRows::Logits(r) => (r, false),
         TargetRows::Probs(r) => (r, true),
+    };
+    let (mut target, seed) = match request.verifier {
+        Verifier::Params(params) => {
+            params.validate()?;
+            if params.mirostat != 0 {
+                return Err(ParamError::new(
+                    "mirostat",
+                    params.mirostat,
+                    "0 with parameters in speculative verification (mirostat's mu is a \
+                     chain's state: verify with a chain)",
+                )
+                .into());
+            }
+            check_single(params.n, params.logprobs)?;
+            (
+                Target::Params {
+                    params,
+                    probs: probs_input,
+                },
+                params.seed,
+            )
+        }
+        Verifier::Chain(chain) => {
+            let selection = chain.selection();
+            selection.validate()?;
+            check_single(selection.n(), selection.logprobs().0)?;
+            if probs_input {
+                return Err(ParamError::new(
+                    "target",
+                    "probabilities",
+                    "logits with a chain (its processors act on logits)",
+                )
+                .into());
+            }
+            let seed = match selection.draw_seed() {
+                Some(seed) => seed,
+                None => Some(0),
+            };
+            (Target::Chain(chain.clone()), seed)
+        }
     };
     if Some(rows.len()) != (k + 1).checked_mul(v) {
         return Err(ParamError::new(
@@ -127,7 +275,7 @@ pub fn verify(request: &VerifyRequest<'_>) -> Result<VerifyOutput, SampleError> 
         });
     }
     if let Some(q) = request.draft_probs {
-        if q.len() != k * v {
+        if Some(q.len()) != k.checked_mul(v) {
             return Err(ParamError::new(
                 "draft_probs",
                 format!("{} values for K = {k}, vocab_size {v}", q.len()),
@@ -136,11 +284,12 @@ pub fn verify(request: &VerifyRequest<'_>) -> Result<VerifyOutput, SampleError> 
             .into());
         }
     }
-    let seed = match request.params.seed {
+    let seed = match seed {
         Some(s) => s,
         None => os_seed()?,
     };
-    let mut context: Vec<u32> = request.output_ids.to_vec();
+    let mut context: Vec<u32> = Vec::with_capacity(request.output_ids.len() + k + 1);
+    context.extend_from_slice(request.output_ids);
     let mut out = VerifyOutput {
         accepted: 0,
         tokens: Vec::with_capacity(k + 1),
@@ -150,61 +299,71 @@ pub fn verify(request: &VerifyRequest<'_>) -> Result<VerifyOutput, SampleError> 
     for i in 0..=k {
         let position = request.position + i as u64;
         let row = &rows[i * v..(i + 1) * v];
-        let req = SampleRequest::new(request.params, request.prompt_ids, &context, position);
-        let p = if probs_input {
-            distribution_from_probs(row, &req)?
-        } else {
-            distribution(row, &req)?
-        };
-        let residual_u = philox::uniform_kind(seed, position, 0, philox::draw::SPEC_RESIDUAL);
-        if i == k {
-            // Every draft token accepted: the bonus token from the last target row.
-            let t = inverse_cdf(&p, residual_u);
-            out.tokens.push(t);
-            out.logprobs.push(p[t as usize].ln());
-            return Ok(out);
-        }
-        let x = draft[i];
-        let q = draft_row(request.draft_probs, i, v, x)?;
-        let q_x = q.as_ref().map_or(1.0, |q| q[x as usize]);
-        let u = philox::uniform_kind(seed, position, 0, philox::draw::SPEC_ACCEPT);
-        if p[x as usize] / q_x >= u {
-            out.accepted += 1;
-            out.tokens.push(x);
-            out.logprobs.push(p[x as usize].ln());
-            context.push(x);
-            continue;
-        }
-        // Rejected: the residual max(0, p - q), normalised.
-        let residual: Vec<f64> = match &q {
-            Some(q) => p.iter().zip(q).map(|(&a, &b)| (a - b).max(0.0)).collect(),
-            None => {
-                let mut r = p.clone();
-                r[x as usize] = 0.0;
-                r
+        let p = match &mut target {
+            Target::Params { params, probs } => {
+                let req = SampleRequest::new(params, request.prompt_ids, &context, position)
+                    .with_stop_token_ids(request.stop_token_ids);
+                if *probs {
+                    distribution_from_probs(row, &req)?
+                } else {
+                    distribution(row, &req)?
+                }
+            }
+            Target::Chain(chain) => {
+                let mut ctx = ProcessorContext::new(request.prompt_ids, &context, position)
+                    .with_stop_token_ids(request.stop_token_ids);
+                ctx.seed = seed;
+                chain.distribution(row, &ctx)?
             }
         };
-        // The residual is positive wherever p > q, and a rejection needs p(x) < q(x); a sum
-        // of 0 can only come from rounding, where p itself is the limit.
-        let t = if residual.iter().any(|&r| r > 0.0) {
-            inverse_cdf(&residual, residual_u)
+        let residual_u = philox::uniform_kind(seed, position, 0, philox::draw::SPEC_RESIDUAL);
+        let (token, done) = if i == k {
+            // Every draft token accepted: the bonus token from the last target row.
+            (inverse_cdf(&p, residual_u), true)
         } else {
-            inverse_cdf(&p, residual_u)
+            let x = draft[i];
+            let q = draft_row(request.draft_probs, i, v, x)?;
+            let q_x = q.as_ref().map_or(1.0, |q| q[x as usize]);
+            let u = philox::uniform_kind(seed, position, 0, philox::draw::SPEC_ACCEPT);
+            if p[x as usize] / q_x >= u {
+                out.accepted += 1;
+                (x, false)
+            } else {
+                // Rejected: the residual max(0, p - q), normalised.
+                let residual: Vec<f64> = match &q {
+                    Some(q) => p.iter().zip(q).map(|(&a, &b)| (a - b).max(0.0)).collect(),
+                    None => {
+                        let mut r = p.clone();
+                        r[x as usize] = 0.0;
+                        r
+                    }
+                };
+                // The residual is positive wherever p > q, and a rejection needs
+                // p(x) < q(x); a sum of 0 can only come from rounding, where p itself is
+                // the limit.
+                let t = if residual.iter().any(|&r| r > 0.0) {
+                    inverse_cdf(&residual, residual_u)
+                } else {
+                    inverse_cdf(&p, residual_u)
+                };
+                (t, true)
+            }
         };
-        out.tokens.push(t);
-        out.logprobs.push(p[t as usize].ln());
-        return Ok(out);
+        out.tokens.push(token);
+        out.logprobs.push(p[token as usize].ln());
+        context.push(token);
+        if let Target::Chain(chain) = &mut target {
+            chain.accept(token);
+        }
+        if done {
+            break;
+        }
     }
-    unreachable!("the loop returns at i == K")
-}
-
-/// [`verify`] for a batch of requests, in parallel on the current rayon pool: result `i` is
-/// request `i`'s, bit for bit what [`verify`] gives it alone (every draw depends only on its
-/// own seed and positions), whatever the batch, its order or the thread count. A request's
-/// error leaves the others computed.
-pub fn verify_batch(requests: &[VerifyRequest<'_>]) -> Vec<Result<VerifyOutput, SampleError>> {
-    use rayon::prelude::*;
-    requests.par_iter().map(verify).collect()
+    let chain = match target {
+        Target::Chain(chain) => Some(chain),
+        Target::Params { .. } => None,
+    };
+    Ok((out, chain))
 }
 
 /// Draft row `i` as f64 probabilities (divided by the row's sum), checked; `None` for a one-hot

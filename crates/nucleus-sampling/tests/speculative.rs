@@ -12,7 +12,9 @@ mod common;
 
 use common::stats::chi_square_test;
 use common::SplitMix;
-use nucleus_sampling::speculative::{verify, verify_batch, TargetRows, VerifyRequest};
+use nucleus_sampling::speculative::{
+    verify, verify_batch, verify_chain, TargetRows, Verifier, VerifyRequest,
+};
 use nucleus_sampling::{SampleError, SamplingParams};
 
 const ALPHA: f64 = 1e-6;
@@ -92,7 +94,8 @@ fn every_step_matches_the_rule_worked_from_the_uniforms() {
         let ids = [g.below(4) as u32, g.below(4) as u32];
         let par = params(seed);
         let req = VerifyRequest {
-            params: &par,
+            verifier: Verifier::Params(&par),
+            stop_token_ids: &[],
             prompt_ids: &[],
             output_ids: &[],
             position: 7,
@@ -177,7 +180,8 @@ fn each_position_is_distributed_as_the_target_and_the_mean_accepted_is_the_close
             .collect();
         let par = params(trial * 7 + 5);
         let got = verify(&VerifyRequest {
-            params: &par,
+            verifier: Verifier::Params(&par),
+            stop_token_ids: &[],
             prompt_ids: &[],
             output_ids: &[],
             position: 0,
@@ -224,7 +228,8 @@ fn identical_distributions_accept_every_draft_token() {
     for seed in 0..200 {
         let par = params(seed);
         let got = verify(&VerifyRequest {
-            params: &par,
+            verifier: Verifier::Params(&par),
+            stop_token_ids: &[],
             prompt_ids: &[],
             output_ids: &[],
             position: 3,
@@ -255,7 +260,8 @@ fn greedy_accepts_while_the_draft_is_the_argmax() {
     ] {
         for probs in [Some(&draft[..]), None] {
             let got = verify(&VerifyRequest {
-                params: &par,
+                verifier: Verifier::Params(&par),
+                stop_token_ids: &[],
                 prompt_ids: &[],
                 output_ids: &[],
                 position: 0,
@@ -281,7 +287,8 @@ fn a_one_hot_draft_accepts_with_the_target_probability() {
     for seed in 0..trials {
         let par = params(seed);
         let got = verify(&VerifyRequest {
-            params: &par,
+            verifier: Verifier::Params(&par),
+            stop_token_ids: &[],
             prompt_ids: &[],
             output_ids: &[],
             position: 11,
@@ -327,7 +334,8 @@ fn penalties_see_the_drafted_tokens() {
         ..Default::default()
     };
     let got = verify(&VerifyRequest {
-        params: &par,
+        verifier: Verifier::Params(&par),
+        stop_token_ids: &[],
         prompt_ids: &[],
         output_ids: &[],
         position: 0,
@@ -346,7 +354,8 @@ fn bad_input_is_a_typed_error() {
     let (target, draft) = case();
     let par = params(1);
     let base = VerifyRequest {
-        params: &par,
+        verifier: Verifier::Params(&par),
+        stop_token_ids: &[],
         prompt_ids: &[],
         output_ids: &[],
         position: 0,
@@ -423,7 +432,8 @@ fn bad_input_is_a_typed_error() {
     };
     assert_eq!(
         field(VerifyRequest {
-            params: &miro,
+            verifier: Verifier::Params(&miro),
+            stop_token_ids: &[],
             ..base
         }),
         "mirostat"
@@ -482,7 +492,8 @@ fn a_batch_gives_each_request_its_answer_alone_on_one_or_two_threads() {
     let output = [1u32, 2, 3];
     let reqs: Vec<VerifyRequest<'_>> = (0..16)
         .map(|r| VerifyRequest {
-            params: &pars[r],
+            verifier: Verifier::Params(&pars[r]),
+            stop_token_ids: &[],
             prompt_ids: &[7, 8],
             output_ids: &output,
             position: 5 + r as u64,
@@ -515,5 +526,293 @@ fn a_batch_gives_each_request_its_answer_alone_on_one_or_two_threads() {
             format!("{alone:?}"),
             "{threads} threads, reversed"
         );
+    }
+}
+
+/// A chain from its JSON configuration.
+fn chain(json: &str) -> nucleus_sampling::SamplerChain {
+    let config: Vec<nucleus_sampling::ProcessorConfig> = serde_json::from_str(json).unwrap();
+    nucleus_sampling::SamplerChain::from_config(&config).unwrap()
+}
+
+/// The oracle's walk over the positions with the spec's uniforms: `p(i, accepted so far)` is
+/// the target's distribution of row `i`, `q` the draft rows. `None` when a uniform lies within
+/// 1e-9 of a decision boundary.
+fn walk(
+    seed: u64,
+    position: u64,
+    ids: &[u32],
+    q: &[Vec<f64>],
+    mut p: impl FnMut(usize, &[u32]) -> Vec<f64>,
+) -> Option<(Vec<u32>, Vec<Vec<f64>>)> {
+    let k = ids.len();
+    let (mut want, mut rows) = (Vec::new(), Vec::new());
+    for i in 0..=k {
+        let pos = position + i as u64;
+        let pi = p(i, &want);
+        rows.push(pi.clone());
+        let r = spec_uniform_kind(seed, pos, 3);
+        if i == k {
+            want.push(inverse_cdf(&pi, r)?);
+            break;
+        }
+        let x = ids[i] as usize;
+        let ratio = pi[x] / q[i][x];
+        let u = spec_uniform_kind(seed, pos, 2);
+        if (ratio - u).abs() < 1e-9 {
+            return None;
+        }
+        if ratio >= u {
+            want.push(x as u32);
+            continue;
+        }
+        let residual: Vec<f64> = pi
+            .iter()
+            .zip(&q[i])
+            .map(|(a, b)| (a - b).max(0.0))
+            .collect();
+        want.push(inverse_cdf(&residual, r)?);
+        break;
+    }
+    Some((want, rows))
+}
+
+#[test]
+fn a_chain_verifies_with_its_processors_in_the_drafted_context() {
+    // Repetition penalty 2 and temperature 0.7 in a chain reset with the prompt and told the
+    // output: row i penalises prompt + output + draft[..i]. Oracle: the f64 penalty (HF:
+    // positive logits divided, negative multiplied), temperature and softmax, walked with the
+    // spec's uniforms.
+    let (target, draft) = case();
+    let q: Vec<Vec<f64>> = draft
+        .chunks(4)
+        .map(|r| r.iter().map(|&x| f64::from(x)).collect())
+        .collect();
+    let (prompt, output) = ([2u32], [3u32]);
+    let mut g = SplitMix(29);
+    let mut checked = 0;
+    for trial in 0..300u64 {
+        let seed = 50_000 + trial;
+        let ids = [g.below(4) as u32, g.below(4) as u32];
+        let mut c = chain(&format!(
+            r#"[{{"repetition_penalty": {{"penalty": 2.0}}}}, {{"temperature": {{"t": 0.7}}}},
+                {{"sample": {{"seed": {seed}}}}}]"#
+        ));
+        c.reset(&prompt);
+        c.accept(output[0]);
+        let before = c.clone();
+        let mut req = VerifyRequest::new(Verifier::Chain(&c), &ids, TargetRows::Logits(&target), 4);
+        req.prompt_ids = &prompt;
+        req.output_ids = &output;
+        req.position = 9;
+        req.draft_probs = Some(&draft);
+        let got = verify(&req).unwrap();
+        assert_eq!(got.seed, seed);
+        let oracle = walk(seed, 9, &ids, &q, |i, accepted| {
+            let mut seen = vec![false; 4];
+            for &t in prompt.iter().chain(&output).chain(accepted) {
+                seen[t as usize] = true;
+            }
+            let row: Vec<f32> = target[i * 4..(i + 1) * 4]
+                .iter()
+                .zip(&seen)
+                .map(|(&l, &s)| {
+                    let l = f64::from(l);
+                    let l = if !s {
+                        l
+                    } else if l > 0.0 {
+                        l / 2.0
+                    } else {
+                        l * 2.0
+                    };
+                    (l / 0.7) as f32
+                })
+                .collect();
+            softmax(&row)
+        });
+        let Some((want, rows)) = oracle else { continue };
+        checked += 1;
+        assert_eq!(got.tokens, want, "seed {seed} draft {ids:?}");
+        for (j, (&t, &lp)) in got.tokens.iter().zip(&got.logprobs).enumerate() {
+            assert!(
+                (lp - rows[j][t as usize].ln()).abs() < 1e-6,
+                "seed {seed} row {j}"
+            );
+        }
+        // The request's chain is not changed; verify_chain advances its own.
+        let mut advanced = before.clone();
+        let again = verify_chain(&req, &mut advanced).unwrap();
+        assert_eq!(again, got);
+    }
+    assert!(checked > 290, "only {checked} trials away from boundaries");
+}
+
+#[test]
+fn a_mirostat_chain_moves_mu_with_each_accepted_draft_token() {
+    // Mirostat v2 (tau 1.5, eta 2: accepting id 0 at row 0 moves mu from 3 to about 4.6,
+    // which lets id 0 into row 1's kept set): row i keeps the tokens of surprise -log2 p <= mu_i and
+    // renormalises; mu_{i+1} = mu_i - eta (-log2 q_i(x_i) - tau) with q_i the kept
+    // distribution (llama.cpp's llama_sampler_mirostat_v2_apply). Oracle in f64 from
+    // mu_0 = 2 tau.
+    let target = [
+        2.0f32, 1.5, 0.5, -1.0, // row 0
+        0.3, 2.2, 1.9, -0.5, // row 1
+        1.0, 0.9, 0.8, 0.7, // row 2 (bonus)
+    ];
+    let (tau, eta) = (1.5f64, 2.0f64);
+    let kept = |row: &[f32], mu: f64| -> Vec<f64> {
+        let p = softmax(row);
+        let mut k: Vec<f64> = p
+            .iter()
+            .map(|&x| if -x.log2() <= mu { x } else { 0.0 })
+            .collect();
+        if k.iter().all(|&x| x == 0.0) {
+            let best = (0..p.len()).fold(0, |b, i| if p[i] > p[b] { i } else { b });
+            k[best] = 1.0;
+        }
+        let z: f64 = k.iter().sum();
+        k.iter().map(|x| x / z).collect()
+    };
+    let mut checked = 0;
+    for seed in 0..300u64 {
+        let ids = [(seed % 3) as u32, ((seed / 3) % 3) as u32];
+        let mut c = chain(&format!(
+            r#"[{{"mirostat_v2": {{"tau": {tau}, "eta": {eta}, "seed": {seed}}}}}]"#
+        ));
+        c.reset(&[]);
+        let req = VerifyRequest::new(Verifier::Chain(&c), &ids, TargetRows::Logits(&target), 4);
+        let mut advanced = c.clone();
+        let got = verify_chain(&req, &mut advanced).unwrap();
+        // One-hot draft: q_i(x_i) = 1.
+        let one_hot: Vec<Vec<f64>> = ids
+            .iter()
+            .map(|&x| (0..4).map(|t| f64::from(u8::from(t == x))).collect())
+            .collect();
+        let mut mu = 2.0 * tau;
+        let oracle = walk(seed, 0, &ids, &one_hot, |i, accepted| {
+            // Replay mu over the tokens accepted before row i.
+            mu = 2.0 * tau;
+            for (j, &t) in accepted.iter().enumerate() {
+                let qj = kept(&target[j * 4..(j + 1) * 4], mu);
+                mu -= eta * (-qj[t as usize].log2() - tau);
+            }
+            kept(&target[i * 4..(i + 1) * 4], mu)
+        });
+        let Some((want, rows)) = oracle else { continue };
+        checked += 1;
+        assert_eq!(got.tokens, want, "seed {seed} draft {ids:?}");
+        for (j, (&t, &lp)) in got.tokens.iter().zip(&got.logprobs).enumerate() {
+            assert!(
+                (lp - rows[j][t as usize].ln()).abs() < 1e-6,
+                "seed {seed} row {j}"
+            );
+        }
+        // The advanced chain's mu is the oracle's after every emitted token.
+        let mut mu = 2.0 * tau;
+        for (j, &t) in got.tokens.iter().enumerate() {
+            let qj = kept(&target[j * 4..(j + 1) * 4], mu);
+            mu -= eta * (-qj[t as usize].log2() - tau);
+        }
+        let got_mu = advanced.mirostat_mu().unwrap();
+        assert!(
+            (got_mu - mu).abs() < 1e-6,
+            "seed {seed}: mu {got_mu} vs {mu}"
+        );
+    }
+    assert!(checked > 290, "only {checked} trials away from boundaries");
+}
+
+#[test]
+fn a_fixed_draft_is_accepted_at_each_position_with_the_ratio() {
+    // The draft is fixed (ids [1, 0] with the rows of `case`): position 0 accepts with
+    // probability min(1, p_0(1) / q_0(1)) and, once reached, position 1 with
+    // min(1, p_1(0) / q_1(0)). Binomial counts over many seeds, 5 sigma each (false failure
+    // about 6e-7 per check).
+    let (target, draft) = case();
+    let p: Vec<Vec<f64>> = target.chunks(4).map(softmax).collect();
+    let ids = [1u32, 0];
+    let want = [
+        (p[0][1] / f64::from(draft[1])).min(1.0),
+        (p[1][0] / f64::from(draft[4])).min(1.0),
+    ];
+    assert!(want[0] < 1.0 && want[1] < 1.0, "both ratios must be tested");
+    let (mut reached, mut accepted) = ([0u64; 2], [0u64; 2]);
+    for seed in 0..40_000u64 {
+        let par = params(seed);
+        let mut req =
+            VerifyRequest::new(Verifier::Params(&par), &ids, TargetRows::Logits(&target), 4);
+        req.draft_probs = Some(&draft);
+        let got = verify(&req).unwrap();
+        for i in 0..2 {
+            if got.accepted >= i {
+                reached[i] += 1;
+                accepted[i] += u64::from(got.accepted > i);
+            }
+        }
+    }
+    for i in 0..2 {
+        let n = reached[i] as f64;
+        let rate = accepted[i] as f64 / n;
+        let sigma = (want[i] * (1.0 - want[i]) / n).sqrt();
+        assert!(
+            (rate - want[i]).abs() < 5.0 * sigma,
+            "position {i}: rate {rate} vs {} over {n}",
+            want[i]
+        );
+    }
+}
+
+#[test]
+fn min_tokens_counts_the_drafted_tokens() {
+    // min_tokens 2 with one token generated: row 0 bans the stop id 3, row 1 (after one
+    // drafted token) does not. Greedy: the stop id is every row's argmax.
+    let target = [0.0f32, 1.0, 0.5, 9.0, 0.0, 1.0, 0.5, 9.0];
+    let par = SamplingParams {
+        temperature: 0.0,
+        min_tokens: 2,
+        seed: Some(1),
+        ..Default::default()
+    };
+    let mut req = VerifyRequest::new(Verifier::Params(&par), &[1], TargetRows::Logits(&target), 4);
+    req.output_ids = &[0];
+    req.stop_token_ids = &[3];
+    let got = verify(&req).unwrap();
+    assert_eq!((got.accepted, &got.tokens[..]), (1, &[1u32, 3][..]));
+    // The same with a chain.
+    let c = chain(r#"[{"min_tokens": {"min_tokens": 2}}, {"greedy": {}}]"#);
+    req.verifier = Verifier::Chain(&c);
+    let got = verify(&req).unwrap();
+    assert_eq!((got.accepted, &got.tokens[..]), (1, &[1u32, 3][..]));
+}
+
+#[test]
+fn a_chain_is_refused_what_verification_cannot_do() {
+    let target = [0.0f32; 8];
+    for (json, field) in [
+        (r#"[{"sample": {"n": 2, "seed": 1}}]"#, "n"),
+        (r#"[{"sample": {"logprobs": 2, "seed": 1}}]"#, "logprobs"),
+    ] {
+        let c = chain(json);
+        let req = VerifyRequest::new(Verifier::Chain(&c), &[0], TargetRows::Logits(&target), 4);
+        match verify(&req) {
+            Err(SampleError::InvalidParams(e)) => assert_eq!(e.field, field, "{json}"),
+            other => panic!("{json}: {other:?}"),
+        }
+    }
+    let c = chain(r#"[{"sample": {"seed": 1}}]"#);
+    let req = VerifyRequest::new(Verifier::Chain(&c), &[0], TargetRows::Probs(&target), 4);
+    match verify(&req) {
+        Err(SampleError::InvalidParams(e)) => assert_eq!(e.field, "target"),
+        other => panic!("{other:?}"),
+    }
+    let par = SamplingParams {
+        n: 2,
+        seed: Some(1),
+        ..Default::default()
+    };
+    let req = VerifyRequest::new(Verifier::Params(&par), &[0], TargetRows::Logits(&target), 4);
+    match verify(&req) {
+        Err(SampleError::InvalidParams(e)) => assert_eq!(e.field, "n"),
+        other => panic!("{other:?}"),
     }
 }

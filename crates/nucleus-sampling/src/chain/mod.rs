@@ -436,7 +436,7 @@ impl Selection {
     }
 
     /// The stream's seed of a drawing selection (`Some(None)`: from the OS); `None` for greedy.
-    fn draw_seed(&self) -> Option<Option<u64>> {
+    pub(crate) fn draw_seed(&self) -> Option<Option<u64>> {
         match *self {
             Selection::Greedy { .. } => None,
             Selection::Sample { seed, .. }
@@ -446,7 +446,7 @@ impl Selection {
         }
     }
 
-    fn logprobs(&self) -> (Option<usize>, LogprobsKind) {
+    pub(crate) fn logprobs(&self) -> (Option<usize>, LogprobsKind) {
         match *self {
             Selection::Sample {
                 logprobs,
