@@ -204,7 +204,7 @@ enum Target<'a> {
         params: &'a SamplingParams,
         probs: bool,
     },
-    Chain(SamplerChain),
+    Chain(Box<SamplerChain>),
 }
 
 /// The verification, and for a chain the chain after the emitted tokens.
@@ -256,7 +256,7 @@ fn run(request: &VerifyRequest<'_>) -> Result<(VerifyOutput, Option<SamplerChain
                 Some(seed) => seed,
                 None => Some(0),
             };
-            (Target::Chain(chain.clone()), seed)
+            (Target::Chain(Box::new(chain.clone())), seed)
         }
     };
     if Some(rows.len()) != (k + 1).checked_mul(v) {
@@ -360,7 +360,7 @@ fn run(request: &VerifyRequest<'_>) -> Result<(VerifyOutput, Option<SamplerChain
         }
     }
     let chain = match target {
-        Target::Chain(chain) => Some(chain),
+        Target::Chain(chain) => Some(*chain),
         Target::Params { .. } => None,
     };
     Ok((out, chain))
