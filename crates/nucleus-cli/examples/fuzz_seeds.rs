@@ -28,6 +28,7 @@ fn main() -> anyhow::Result<()> {
     write_all(&out.join("jsonl_sample"), &JSONL_SAMPLE)?;
     write_all(&out.join("jsonl_top_k_top_p_sample"), &JSONL_NPU)?;
     write_all(&out.join("jsonl_moe_init_routing"), &JSONL_MOE)?;
+    write_all(&out.join("jsonl_speculative_verify"), &JSONL_VERIFY)?;
     grammar_seeds(&out.join("grammar"))?;
     println!("seeds written to {}", out.display());
     Ok(())
@@ -339,6 +340,15 @@ const JSONL_SAMPLE: [&str; 10] = [
     r#"{"probs": [0.5, 0.25, 0.25], "params": {"temperature": 1, "seed": 18446744073709551615}}"#,
     r#"{"logits": [], "vocab_size": 0}"#,
     "not json\n[1, 2]\n{\"logits\": [1], \"unknown\": 1}\n",
+];
+
+const JSONL_VERIFY: [&str; 6] = [
+    r#"{"draft_token_ids": [2, 0], "draft_probs": [[0.1, 0.2, 0.6, 0.1], [0.5, 0.2, 0.2, 0.1]], "target_logits": [[1, 0, 2, 0], [0.5, 0, 0, 1], [0, 0, 0, 3]], "params": {"temperature": 0.8, "top_p": 0.95, "seed": 7}, "prompt_ids": [1], "output_ids": [3], "position": 2, "vocab_size": 4}"#,
+    r#"{"draft_token_ids": [1], "target_logits": [[1, 2, 3], [3, 2, 1]], "chain": [{"repetition_penalty": {"penalty": 1.3}}, {"dry": {"multiplier": 0.8}}, {"mirostat_v2": {"seed": 3}}], "output_ids": [1, 1]}"#,
+    r#"{"draft_token_ids": [], "target_probs": [[0.1, 0.9]], "params": {"min_p": 0.2}}"#,
+    r#"{"draft_token_ids": [0, 0], "target_logits": [[5, 0], [5, 0], [5, 0]], "params": {"temperature": 0, "min_tokens": 2}, "eos_token_ids": [1], "stop_token_ids": [0]}"#,
+    r#"{"draft_token_ids": [1], "draft_probs": [[1, 0]], "target_logits": [["-inf", "nan"], [1, 2]]}"#,
+    "{\"draft_token_ids\": [9], \"target_logits\": [[1]]}\n\n{\"draft_token_ids\": [0], \"target_probs\": [[1], [1]], \"chain\": [{\"greedy\": {}}]}\n",
 ];
 
 const JSONL_NPU: [&str; 5] = [

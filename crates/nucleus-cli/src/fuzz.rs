@@ -141,6 +141,11 @@ pub fn jsonl_top_k_top_p_sample(data: &[u8]) {
     jsonl(data, crate::npu_sample::run_jsonl);
 }
 
+/// `nucleus speculative-verify` on JSON lines.
+pub fn jsonl_speculative_verify(data: &[u8]) {
+    jsonl(data, crate::speculative_verify::run_jsonl);
+}
+
 /// `nucleus moe-init-routing` on JSON lines.
 pub fn jsonl_moe_init_routing(data: &[u8]) {
     jsonl(data, crate::moe_init_routing::run_jsonl);

@@ -40,6 +40,9 @@ enum Command {
     /// Ascend's fused top-k -> top-p -> exponential sampling (npu_top_k_top_p_sample): one
     /// call per JSON line (or a safetensors file), one JSON answer per call.
     TopKTopPSample(nucleus_cli::npu_sample::NpuSampleArgs),
+    /// Speculative-decoding verification: accept or reject a draft's tokens against the
+    /// target model's rows, one request per JSON line, one JSON answer per request.
+    SpeculativeVerify(nucleus_cli::speculative_verify::SpeculativeVerifyArgs),
     /// MoE token routing (npu_moe_init_routing_v2): one call per JSON line, one answer per call.
     MoeInitRouting(nucleus_cli::moe_init_routing::MoeInitRoutingArgs),
     /// Measure speed against named baselines on generated data.
@@ -129,6 +132,7 @@ fn main() -> ExitCode {
         Command::Tokenize(_) | Command::Detokenize(_) | Command::ChatTemplate(_) => None,
         Command::TopKTopPSample(a) => a.threads.explicit(),
         Command::MoeInitRouting(a) => a.threads.explicit(),
+        Command::SpeculativeVerify(a) => a.threads.explicit(),
         Command::Grammar(GrammarCommand::Validate(a)) => a.threads.explicit(),
         Command::Bench(BenchCommand::Sampling(a)) => Some(a.threads.max(1)),
         Command::Bench(BenchCommand::NpuSample(a)) => Some(a.threads.max(1)),
@@ -146,6 +150,7 @@ fn main() -> ExitCode {
         Command::ChatTemplate(args) => nucleus_cli::chat::chat_template_command(&args),
         Command::TopKTopPSample(args) => Ok(nucleus_cli::npu_sample::command(&args)),
         Command::MoeInitRouting(args) => Ok(nucleus_cli::moe_init_routing::command(&args)),
+        Command::SpeculativeVerify(args) => Ok(nucleus_cli::speculative_verify::command(&args)),
         Command::Bench(BenchCommand::Sampling(args)) => bench_sampling(args),
         Command::Bench(BenchCommand::NpuSample(args)) => {
             nucleus_cli::bench::npu_sample::run(&args, &mut Output(std::io::stdout()))

@@ -338,7 +338,7 @@ pub fn answer_row(row: RowInput, options: &Options) -> Result<Answer, RowError> 
 
 /// A chain that cannot be built: a parameter out of range is `invalid_params` (as on the
 /// `params` path); a chain without a final selection step is `invalid_row`.
-fn chain_error(e: ChainError) -> RowError {
+pub(crate) fn chain_error(e: ChainError) -> RowError {
     let kind = match e {
         ChainError::InvalidParams { .. } => "invalid_params",
         ChainError::NoSelection | ChainError::SelectionNotLast { .. } => "invalid_row",

@@ -82,6 +82,15 @@ fn jsonl_top_k_top_p_sample_corpus() {
 }
 
 #[test]
+fn jsonl_speculative_verify_corpus() {
+    replay(
+        "jsonl_speculative_verify",
+        20,
+        nucleus_cli::fuzz::jsonl_speculative_verify,
+    );
+}
+
+#[test]
 fn jsonl_moe_init_routing_corpus() {
     replay(
         "jsonl_moe_init_routing",

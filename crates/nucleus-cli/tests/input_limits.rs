@@ -18,13 +18,15 @@ use serde_json::Value;
 
 const SAMPLE_OK: &str = r#"{"logits": [1, 3, 2], "params": {"temperature": 0}}"#;
 const NPU_OK: &str = r#"{"logits": [[1, 3]], "top_k": [1], "top_p": [1]}"#;
+const VERIFY_OK: &str =
+    r#"{"draft_token_ids": [1], "target_logits": [[1, 3], [3, 1]], "params": {"temperature": 0}}"#;
 const MOE_OK: &str = r#"{"x": [[1, 10], [2, 20], [3, 30]], "expert_idx": [[2, 0], [1, 2], [0, 1]], "expert_num": 4}"#;
 
 /// A JSON-lines command, a line it answers without error, and a check of that answer.
 type Command3 = (&'static str, &'static str, fn(&Value));
 
-/// The three JSON-lines commands.
-fn commands() -> [Command3; 3] {
+/// The four JSON-lines commands.
+fn commands() -> [Command3; 4] {
     [
         ("sample", SAMPLE_OK, |a| {
             assert_eq!(a["tokens"], serde_json::json!([1]))
@@ -34,6 +36,9 @@ fn commands() -> [Command3; 3] {
         }),
         ("moe-init-routing", MOE_OK, |a| {
             assert_eq!(a["valid_rows"], 6)
+        }),
+        ("speculative-verify", VERIFY_OK, |a| {
+            assert_eq!(a["tokens"], serde_json::json!([1, 0]))
         }),
     ]
 }
@@ -152,7 +157,12 @@ fn two_gigabytes_of_zeros_under_the_default_limit_stay_within_the_limit() {
 
 #[test]
 fn max_input_bytes_takes_byte_counts_with_binary_suffixes_and_refuses_zero() {
-    for command in ["sample", "top-k-top-p-sample", "moe-init-routing"] {
+    for command in [
+        "sample",
+        "top-k-top-p-sample",
+        "moe-init-routing",
+        "speculative-verify",
+    ] {
         for bad in ["0", "0K", "1.5M", "1T", "-1", "lots"] {
             let out = run_subcommand(command, &[&format!("--max-input-bytes={bad}")], "");
             assert_eq!(out.status.code(), Some(2), "{command} {bad}");

@@ -149,6 +149,15 @@ fn a_line_whose_outputs_the_machine_cannot_hold_is_an_allocation_answer() {
         ),
     )
     .unwrap();
+    // Speculative verification: the target's f64 distribution and residual per entry.
+    let verify = dir.join("verify.jsonl");
+    std::fs::write(
+        &verify,
+        format!(
+            "{{\"draft_token_ids\": [], \"target_logits\": [[{ones}]]}}\n{{\"draft_token_ids\": [1], \"target_logits\": [[1, 3], [3, 1]], \"params\": {{\"temperature\": 0}}}}\n"
+        ),
+    )
+    .unwrap();
     drop(ones);
     let got = answers(&run_under_ulimit(
         300_000,
@@ -166,6 +175,14 @@ fn a_line_whose_outputs_the_machine_cannot_hold_is_an_allocation_answer() {
     assert_eq!(got.len(), 2);
     assert_allocation(&got[0], "the call on [1, 10000000]");
     assert_eq!(got[1]["logits_select_idx"], serde_json::json!([1]));
+    let got = answers(&run_under_ulimit(
+        300_000,
+        &["speculative-verify"],
+        Some(&verify),
+    ));
+    assert_eq!(got.len(), 2);
+    assert_allocation(&got[0], "verifying the draft");
+    assert_eq!(got[1]["tokens"], serde_json::json!([1, 0]));
 }
 
 /// The same checks on the safetensors paths: a `[1, 10,000,000]` tensor (40 MB) under a

@@ -39,7 +39,7 @@ struct TopEntry {
 }
 
 /// f64 values written as a JSON list of [`JsonF64`], straight from the slice.
-fn f64_list<S: Serializer>(values: &[f64], s: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn f64_list<S: Serializer>(values: &[f64], s: S) -> Result<S::Ok, S::Error> {
     s.collect_seq(values.iter().map(|&v| JsonF64(v)))
 }
 
