@@ -5,8 +5,8 @@
 //! perf record ./target/release/examples/prof 1 3000 1   # workload (b), 3000 calls, 1 thread
 //! ```
 //!
-//! Arguments: the workload's index in `workloads()` (0 = (a) ... 5 = (f), 6 = the max pass
-//! floor, 7 = the max+sum-exp pass floor; default 4, greedy),
+//! Arguments: the workload's index in `workloads()` (0 = (a) ... 6 = (g), 7 = the max pass
+//! floor, 8 = the max+sum-exp pass floor; default 4, greedy),
 //! the number of calls (default 2000) and the rayon pool's threads (default 1; this thread is
 //! one of them). Prints the median and 10th-percentile µs per call at batch 1 and vocab
 //! 151,936 (or `$VOCAB`).
@@ -38,7 +38,7 @@ fn main() {
         .unwrap_or(151_936);
     let bench = Bench::new(1, vocab, DEFAULT_SEED).expect("benchmark data");
     let all = workloads();
-    // Past the workloads: 6 is the max pass floor, 7 the max+sum-exp pass floor.
+    // Past the workloads: 7 is the max pass floor, 8 the max+sum-exp pass floor.
     let floor = match which.checked_sub(all.len()) {
         Some(0) => Some(Floor::Max(Isa::best())),
         Some(_) => Some(Floor::MaxSumExp(Isa::best())),

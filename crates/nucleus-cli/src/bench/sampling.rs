@@ -33,7 +33,7 @@ use rayon::prelude::*;
 
 use crate::usage::UsageError;
 use floors::Isa;
-use workload::{Logits, Workload, HISTORY};
+use workload::{Body, Logits, Workload, HISTORY};
 
 /// What `nucleus bench sampling` measures.
 #[derive(Clone, Debug, PartialEq)]
@@ -121,8 +121,12 @@ impl Floor {
 /// The generated data and everything each method needs, built once, outside the timing.
 pub struct Bench {
     logits: Logits,
+    /// The flat rows of workload (g).
+    flat: Logits,
     #[cfg(feature = "candle-baseline")]
     candle: candle::CandleLogits,
+    #[cfg(feature = "candle-baseline")]
+    candle_flat: candle::CandleLogits,
 }
 
 impl Bench {
@@ -135,22 +139,42 @@ impl Bench {
     pub fn new(batch: usize, vocab: usize, seed: u64) -> Result<Self> {
         check_shape(batch, vocab)?;
         let logits = Logits::try_generate(batch, vocab, seed)?;
+        let flat = Logits::try_generate_body(batch, vocab, seed, Body::Flat)?;
         Ok(Self {
             #[cfg(feature = "candle-baseline")]
             candle: candle::CandleLogits::new(&logits)?,
+            #[cfg(feature = "candle-baseline")]
+            candle_flat: candle::CandleLogits::new(&flat)?,
             logits,
+            flat,
         })
     }
 
-    /// The generated logits.
+    /// The generated (spiked) logits.
     pub fn logits(&self) -> &Logits {
         &self.logits
+    }
+
+    /// The logits `w` reads: the spiked ones, or the flat ones of workload (g).
+    pub fn logits_for(&self, w: &Workload) -> &Logits {
+        match w.body {
+            Body::Spiked => &self.logits,
+            Body::Flat => &self.flat,
+        }
+    }
+
+    #[cfg(feature = "candle-baseline")]
+    fn candle_for(&self, w: &Workload) -> &candle::CandleLogits {
+        match w.body {
+            Body::Spiked => &self.candle,
+            Body::Flat => &self.candle_flat,
+        }
     }
 
     /// The repetition-penalty context of row `i` under `w`: the row's previous ids, or none.
     pub fn context(&self, w: &Workload, i: usize) -> &[u32] {
         if w.uses_history {
-            &self.logits.history[i]
+            &self.logits_for(w).history[i]
         } else {
             &[]
         }
@@ -178,11 +202,12 @@ impl Bench {
     /// A row that nucleus-sampling or candle reports as failed, or a method that
     /// [`Bench::supports`] rejects.
     pub fn sample(&self, method: Method, w: &Workload) -> Result<Vec<u32>> {
-        let batch = self.logits.batch;
+        let logits = self.logits_for(w);
+        let batch = logits.batch;
         let position = HISTORY as u64;
         match method {
             Method::Nucleus => {
-                let view = LogitsView::dense(&self.logits.data, batch, self.logits.vocab)?;
+                let view = LogitsView::dense(&logits.data, batch, logits.vocab)?;
                 let requests: Vec<SampleRequest<'_>> = (0..batch)
                     .map(|i| SampleRequest::new(&w.params, &[], self.context(w, i), position))
                     .collect();
@@ -194,12 +219,7 @@ impl Bench {
             Method::SortReference => Ok((0..batch)
                 .into_par_iter()
                 .map(|i| {
-                    reference::sample_row(
-                        self.logits.row(i),
-                        &w.params,
-                        self.context(w, i),
-                        position,
-                    )
+                    reference::sample_row(logits.row(i), &w.params, self.context(w, i), position)
                 })
                 .collect()),
             #[cfg(feature = "candle-baseline")]
@@ -209,7 +229,7 @@ impl Bench {
                 (0..batch)
                     .into_par_iter()
                     .map(|i| {
-                        self.candle
+                        self.candle_for(w)
                             .sample_row(i, &w.params, &sampling, self.context(w, i))
                     })
                     .collect()
@@ -368,11 +388,11 @@ pub(crate) fn check_runs(threads: usize, iters: Option<usize>) -> Result<()> {
 /// copy and sort): an estimate, counted in [`buffer_bytes`].
 const SCRATCH_BYTES_PER_TOKEN: usize = 48;
 
-/// The bytes of `nucleus bench sampling`'s buffers: the logits, candle's copy of them, the
-/// rows' histories, and every thread's working memory (48 bytes per token, an estimate); `None`
-/// when they overflow `usize`.
+/// The bytes of `nucleus bench sampling`'s buffers: the logits (spiked and flat), candle's
+/// copy of them, the rows' histories, and every thread's working memory (48 bytes per token,
+/// an estimate); `None` when they overflow `usize`.
 pub fn buffer_bytes(batch: usize, vocab: usize, threads: usize) -> Option<usize> {
-    let logits = super::product(&[batch, vocab, 4]);
+    let logits = super::product(&[2, batch, vocab, 4]);
     let candle = if cfg!(feature = "candle-baseline") {
         logits
     } else {
@@ -381,7 +401,7 @@ pub fn buffer_bytes(batch: usize, vocab: usize, threads: usize) -> Option<usize>
     super::total(&[
         logits,
         candle,
-        super::product(&[batch, HISTORY, 4]),
+        super::product(&[2, batch, HISTORY, 4]),
         super::product(&[threads, vocab, SCRATCH_BYTES_PER_TOKEN]),
     ])
 }

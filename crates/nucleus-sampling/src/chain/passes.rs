@@ -407,6 +407,280 @@ multiversion! {
     }
 }
 
+/// Lanes of the counting and level passes: 64 (four AVX-512 registers), so that the
+/// additions of one lane do not wait on each other.
+const R: usize = 64;
+
+/// The number of values `>= cut` (NaN counts).
+pub(crate) fn count_at_least(values: &[f32], cut: f32) -> usize {
+    #[cfg(test)]
+    if tests::BASELINE.with(std::cell::Cell::get) {
+        return values.iter().filter(|&&x| x >= cut || x.is_nan()).count();
+    }
+    let whole = values.len() / R * R;
+    let head = {
+        #[cfg(target_arch = "x86_64")]
+        if kernels::isa() == kernels::Isa::Avx512 {
+            // SAFETY: `isa()` reports AVX-512F only when the CPU has it.
+            unsafe { count_at_least_avx512(&values[..whole], cut) }
+        } else {
+            values[..whole]
+                .iter()
+                .filter(|&&x| x >= cut || x.is_nan())
+                .count()
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        values[..whole]
+            .iter()
+            .filter(|&&x| x >= cut || x.is_nan())
+            .count()
+    };
+    head + values[whole..]
+        .iter()
+        .filter(|&&x| x >= cut || x.is_nan())
+        .count()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn count_at_least_avx512(values: &[f32], cut: f32) -> usize {
+    use std::arch::x86_64::*;
+    let t = _mm512_set1_ps(cut);
+    let mut n = [0usize; 4];
+    for run in values.chunks_exact(R) {
+        for (q, nq) in n.iter_mut().enumerate() {
+            // SAFETY: `run` holds R = 64 values, 16 per q.
+            let x = unsafe { _mm512_loadu_ps(run.as_ptr().add(16 * q)) };
+            // Not below: at least `cut`, or NaN.
+            *nq += _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, t).count_ones() as usize;
+        }
+    }
+    n.iter().sum()
+}
+
+/// Thresholds of one [`mass_above_levels`] pass (its AVX-512 code is written for 3).
+pub(crate) const MASS_LEVELS: usize = 3;
+
+/// Lanes of [`mass_above_levels`]: 32 (two AVX-512 registers per level).
+const MR: usize = 32;
+
+/// Elements per block of [`mass_above_levels`]'s f32 lane sums before they go to f64: each
+/// of the [`MR`] lanes adds at most `MASS_BLOCK / MR` = 32 terms in f32, a relative error
+/// below 32 f32 units (2e-6) of the block's mass.
+const MASS_BLOCK: usize = 1024;
+
+/// A bound on the relative error of [`mass_above_levels`]'s masses (2e-6 per block, the f64
+/// sums of blocks far below): 1e-5.
+pub(crate) const MASS_LEVEL_ERROR: f64 = 1e-5;
+
+/// For each of the ascending `levels`, the mass (within [`MASS_LEVEL_ERROR`] relative) and
+/// the count of the weights strictly above it; every level `>= 0`. Per block of
+/// [`MASS_BLOCK`] weights and per level, [`MR`] f32 lanes (lane `i` takes the weights `i, i +
+/// MR, ...`, the tail padded with zeros), then the lanes in f64 in lane order: the same bits
+/// from the AVX-512 code (explicit intrinsics, each level's sums in registers) and from the
+/// portable body.
+pub(crate) fn mass_above_levels(
+    w: &[f32],
+    levels: &[f32; MASS_LEVELS],
+) -> ([f64; MASS_LEVELS], [u64; MASS_LEVELS]) {
+    #[cfg(test)]
+    if tests::BASELINE.with(std::cell::Cell::get) {
+        return mass_above_levels_body(w, levels);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if kernels::isa() == kernels::Isa::Avx512 {
+        // SAFETY: `isa()` reports AVX-512F only when the CPU has it.
+        return unsafe { mass_above_levels_avx512(w, levels) };
+    }
+    mass_above_levels_body(w, levels)
+}
+
+/// The portable [`mass_above_levels`].
+fn mass_above_levels_body(
+    w: &[f32],
+    levels: &[f32; MASS_LEVELS],
+) -> ([f64; MASS_LEVELS], [u64; MASS_LEVELS]) {
+    let mut mass = [0.0f64; MASS_LEVELS];
+    let mut count = [0u64; MASS_LEVELS];
+    for block in w.chunks(MASS_BLOCK) {
+        let runs = block.chunks_exact(MR);
+        let tail = runs.remainder();
+        let mut pad = [0.0f32; MR];
+        pad[..tail.len()].copy_from_slice(tail);
+        for j in 0..MASS_LEVELS {
+            let t = levels[j];
+            let mut s = [0.0f32; MR];
+            for run in block.chunks_exact(MR).chain(std::iter::once(&pad[..])) {
+                for i in 0..MR {
+                    if run[i] > t {
+                        s[i] += run[i];
+                        count[j] += 1;
+                    }
+                }
+            }
+            mass[j] += s.iter().map(|&x| f64::from(x)).sum::<f64>();
+        }
+    }
+    (mass, count)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn mass_above_levels_avx512(
+    w: &[f32],
+    levels: &[f32; MASS_LEVELS],
+) -> ([f64; MASS_LEVELS], [u64; MASS_LEVELS]) {
+    use std::arch::x86_64::*;
+    let mut mass = [0.0f64; MASS_LEVELS];
+    let mut count = [0u64; MASS_LEVELS];
+    let (t0, t1, t2) = (
+        _mm512_set1_ps(levels[0]),
+        _mm512_set1_ps(levels[1]),
+        _mm512_set1_ps(levels[2]),
+    );
+    let one = _mm512_set1_epi32(1);
+    let z = _mm512_setzero_ps();
+    let zi = _mm512_setzero_si512();
+    for block in w.chunks(MASS_BLOCK) {
+        let runs = block.chunks_exact(MR);
+        let tail = runs.remainder();
+        let mut pad = [0.0f32; MR];
+        pad[..tail.len()].copy_from_slice(tail);
+        // Level j, lanes 0-15 (a) and 16-31 (b): a mass and a count register each, named so
+        // that they stay in registers.
+        let (mut s0a, mut s0b, mut s1a, mut s1b, mut s2a, mut s2b) = (z, z, z, z, z, z);
+        let (mut c0a, mut c0b, mut c1a, mut c1b, mut c2a, mut c2b) = (zi, zi, zi, zi, zi, zi);
+        // One step over 32 values at `p`.
+        macro_rules! step {
+            ($p:expr) => {{
+                let p: *const f32 = $p;
+                // SAFETY: `p` points at MR = 32 values.
+                let (xa, xb) = unsafe { (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16))) };
+                let m = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(xa, t0);
+                s0a = _mm512_mask_add_ps(s0a, m, s0a, xa);
+                c0a = _mm512_mask_add_epi32(c0a, m, c0a, one);
+                let m = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(xb, t0);
+                s0b = _mm512_mask_add_ps(s0b, m, s0b, xb);
+                c0b = _mm512_mask_add_epi32(c0b, m, c0b, one);
+                let m = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(xa, t1);
+                s1a = _mm512_mask_add_ps(s1a, m, s1a, xa);
+                c1a = _mm512_mask_add_epi32(c1a, m, c1a, one);
+                let m = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(xb, t1);
+                s1b = _mm512_mask_add_ps(s1b, m, s1b, xb);
+                c1b = _mm512_mask_add_epi32(c1b, m, c1b, one);
+                let m = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(xa, t2);
+                s2a = _mm512_mask_add_ps(s2a, m, s2a, xa);
+                c2a = _mm512_mask_add_epi32(c2a, m, c2a, one);
+                let m = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(xb, t2);
+                s2b = _mm512_mask_add_ps(s2b, m, s2b, xb);
+                c2b = _mm512_mask_add_epi32(c2b, m, c2b, one);
+            }};
+        }
+        for run in runs {
+            step!(run.as_ptr());
+        }
+        step!(pad.as_ptr());
+        for (j, (sa, sb, ca, cb)) in [
+            (s0a, s0b, c0a, c0b),
+            (s1a, s1b, c1a, c1b),
+            (s2a, s2b, c2a, c2b),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut lanes = [0.0f32; MR];
+            let mut n = [0u32; MR];
+            // SAFETY: 16 values at 0 and at 16 within the 32.
+            unsafe {
+                _mm512_storeu_ps(lanes.as_mut_ptr(), sa);
+                _mm512_storeu_ps(lanes.as_mut_ptr().add(16), sb);
+                _mm512_storeu_si512(n.as_mut_ptr().cast(), ca);
+                _mm512_storeu_si512(n.as_mut_ptr().add(16).cast(), cb);
+            }
+            mass[j] += lanes.iter().map(|&x| f64::from(x)).sum::<f64>();
+            count[j] += n.iter().map(|&x| u64::from(x)).sum::<u64>();
+        }
+    }
+    (mass, count)
+}
+
+multiversion! {
+    /// The f64 sum of the weights strictly above `level` (lanes as [`sum_weights`], per
+    /// chunk of [`CHUNK`] ids, the chunk sums in order).
+    pub(crate) fn mass_above(w: &[f32], level: f32) -> f64 {
+        let mut total = 0.0f64;
+        for part in w.chunks(CHUNK) {
+            total += lane_sum(part, 0.0, |x| if x > level { f64::from(x) } else { 0.0 });
+        }
+        total
+    }
+}
+
+/// Appends to `out` every token whose weight lies in `(lo, hi]`, with its logit and weight,
+/// in id order (AVX-512: two compares per 16 weights; else portable).
+pub(crate) fn collect_weights_between(
+    w: &[f32],
+    logits: &[f32],
+    lo: f32,
+    hi: f32,
+    out: &mut Vec<crate::sampler::Cand>,
+) {
+    let mut push = |i: usize| {
+        out.push(crate::sampler::Cand {
+            logit: logits[i],
+            id: i as u32,
+            w: w[i],
+        })
+    };
+    let whole = w.len() / L * L;
+    #[cfg(test)]
+    let baseline = tests::BASELINE.with(std::cell::Cell::get);
+    #[cfg(not(test))]
+    let baseline = false;
+    #[cfg(target_arch = "x86_64")]
+    if kernels::isa() == kernels::Isa::Avx512 && !baseline {
+        // SAFETY: `isa()` reports AVX-512F only when the CPU has it.
+        unsafe { between_masks_avx512(&w[..whole], lo, hi, &mut push) };
+    } else {
+        between_masks(&w[..whole], lo, hi, &mut push);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = baseline;
+        between_masks(&w[..whole], lo, hi, &mut push);
+    }
+    for (i, &x) in w.iter().enumerate().skip(whole) {
+        if x > lo && x <= hi {
+            push(i);
+        }
+    }
+}
+
+/// The portable inner loop of [`collect_weights_between`] over whole runs of [`L`].
+fn between_masks(w: &[f32], lo: f32, hi: f32, push: &mut impl FnMut(usize)) {
+    for (i, &x) in w.iter().enumerate() {
+        if x > lo && x <= hi {
+            push(i);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn between_masks_avx512(w: &[f32], lo: f32, hi: f32, push: &mut impl FnMut(usize)) {
+    use std::arch::x86_64::*;
+    let (l, h) = (_mm512_set1_ps(lo), _mm512_set1_ps(hi));
+    for (r, run) in w.chunks_exact(L).enumerate() {
+        // SAFETY: `run` holds L = 16 values.
+        let x = unsafe { _mm512_loadu_ps(run.as_ptr()) };
+        let mut m = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, l) & _mm512_cmp_ps_mask::<_CMP_LE_OQ>(x, h);
+        while m != 0 {
+            push(r * L + m.trailing_zeros() as usize);
+            m &= m - 1;
+        }
+    }
+}
+
 multiversion! {
     /// `w[i] = exp_w(l[i] - max)` for the tokens ranked at or before `(kl, kid)` (logit
     /// descending, id ascending), 0 for the others.
@@ -543,6 +817,57 @@ pub(super) mod tests {
         let baseline = run();
         BASELINE.with(|b| b.set(false));
         assert_eq!(dispatched, baseline);
+    }
+
+    #[test]
+    fn top_p_search_passes_are_exact_and_the_same_on_every_body() {
+        // Weights with ties, zeros, subnormals and a length that is not a multiple of the
+        // lanes or the blocks.
+        let r = row();
+        let max = max_of(&r);
+        let mut w: Vec<f32> = r.iter().map(|&l| exp_w(l - max)).collect();
+        w[5] = 1e-45;
+        w[6] = 1e-44;
+        let levels = [1e-6f32, 0.01, 0.3];
+        let run = || {
+            let (mass, count) = mass_above_levels(&w, &levels);
+            let mut between = Vec::new();
+            collect_weights_between(&w, &r, 0.01, 0.3, &mut between);
+            let ids: Vec<u32> = between.iter().map(|c| c.id).collect();
+            (
+                mass.map(f64::to_bits),
+                count,
+                count_at_least(&r, -5.0),
+                count_at_least(&w, f32::from_bits(1)),
+                ids,
+                mass_above(&w, 0.01).to_bits(),
+            )
+        };
+        let dispatched = run();
+        BASELINE.with(|b| b.set(true));
+        let baseline = run();
+        BASELINE.with(|b| b.set(false));
+        assert_eq!(dispatched, baseline);
+        // Against plain f64 sums and counts.
+        let (mass, count, at_least, positive, ids, above) = dispatched;
+        for (j, &t) in levels.iter().enumerate() {
+            let want: f64 = w.iter().filter(|&&x| x > t).map(|&x| f64::from(x)).sum();
+            let got = f64::from_bits(mass[j]);
+            assert!(
+                (got - want).abs() <= MASS_LEVEL_ERROR * want,
+                "level {t}: {got} vs {want}"
+            );
+            assert_eq!(count[j], w.iter().filter(|&&x| x > t).count() as u64);
+        }
+        assert_eq!(at_least, r.iter().filter(|&&l| l >= -5.0).count());
+        assert_eq!(positive, w.iter().filter(|&&x| x > 0.0).count());
+        let want: Vec<u32> = (0..w.len() as u32)
+            .filter(|&i| w[i as usize] > 0.01 && w[i as usize] <= 0.3)
+            .collect();
+        assert!(!want.is_empty());
+        assert_eq!(ids, want);
+        let want: f64 = w.iter().filter(|&&x| x > 0.01).map(|&x| f64::from(x)).sum();
+        assert!((f64::from_bits(above) - want).abs() <= 1e-12 * want);
     }
 
     #[test]

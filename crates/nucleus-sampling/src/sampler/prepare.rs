@@ -320,6 +320,24 @@ fn prepare_with(
         } else {
             logit_cut(max, f64::from(level), t64)
         };
+        // Many candidates (a flat row: no token holds much, the boundary lies in the bulk):
+        // a search on the dense weights instead of a list of most of the row.
+        if weights_ready || count_at_least(logits, cut) > DENSE_TOP_P_MIN {
+            if !weights_ready {
+                let w = dense_weights(&mut scratch.weights, vocab);
+                if row_exp_pass(logits, max, t, w, split) {
+                    for (wi, &l) in w.iter_mut().zip(logits) {
+                        *wi = weight(l);
+                    }
+                }
+            }
+            let w = dense_weights(&mut scratch.weights, vocab);
+            let z = if weights_ready { z } else { dense_sum(w) };
+            top_p_dense(logits, w, weight(max), params.top_p, z, cand);
+            return Ok(Prepared {
+                support: Support::Dense,
+            });
+        }
         collect(logits, floor, cut, cand, split);
         set_weights(cand, &mut scratch.cand_w, max, t, probs, &weight);
         let kept = top_p_prefix(cand, params.top_p * z);
@@ -334,6 +352,102 @@ fn prepare_with(
         cand.len()
     };
     finish(logits, kept, scratch, false, weight)
+}
+
+/// Top-p candidate counts above which [`top_p_dense`] replaces the candidate list.
+const DENSE_TOP_P_MIN: usize = 16_384;
+
+/// A bracket of the boundary weight holding at most this many tokens is searched by
+/// [`top_p_prefix`].
+const BRACKET_MAX: usize = 1024;
+
+/// The number of logits `>= cut` (NaN counts: it is checked before).
+fn count_at_least(logits: &[f32], cut: f32) -> usize {
+    crate::chain::passes::count_at_least(logits, cut)
+}
+
+/// Top-p (step 10) over dense weights: `w` holds every token's weight (`w_max` the
+/// maximum's, `z` their [`dense_sum`]); zeroes the weights of the tokens outside the shortest
+/// prefix, in the (logit desc, id asc) order, whose mass reaches `p z`. `cand` is scratch.
+///
+/// The boundary token's weight lies in a bracket `(lo, hi]`: at first `lo` just below
+/// `(1 - p) z / vocab` (the last survivor weighs at least that, see the caller) and `hi =
+/// w_max`. Each [`crate::chain::passes::mass_above_levels`] pass (one read of the weights)
+/// narrows it to one of eight geometric parts, from the mass above seven levels: a level
+/// whose mass clearly reaches `p z` (beyond the passes' rounding bound) becomes `lo`, one
+/// whose mass clearly falls short becomes `hi`. When the bracket holds at most
+/// [`BRACKET_MAX`] tokens (or stops narrowing) its tokens are collected, and
+/// [`top_p_prefix`] finds the boundary among them with the f64 mass above `hi` taken off the
+/// target. Every token above `hi` survives, those in the bracket after the boundary and
+/// those at or below `lo` do not. Cost: the exp pass the caller made, about three reads of
+/// the weights on a flat row, and a short list.
+fn top_p_dense(logits: &[f32], w: &mut [f32], w_max: f32, p: f64, z: f64, cand: &mut Vec<Cand>) {
+    use crate::chain::passes::{
+        collect_weights_between, mass_above, mass_above_levels, zero_weights_below, MASS_LEVELS,
+        MASS_LEVEL_ERROR,
+    };
+    let vocab = w.len();
+    let target = p * z;
+    let eps = (1.0 - p) * z / vocab as f64 * (1.0 - 1e-6);
+    // Rounded down, and positive so that the levels between it and `hi` are geometric.
+    let mut lo = {
+        let e = eps as f32;
+        let e = if f64::from(e) > eps { e.next_down() } else { e };
+        e.max(f32::MIN_POSITIVE).min(w_max.next_down())
+    };
+    let mut hi = w_max;
+    let (mut count_lo, mut count_hi) = (vocab as u64, 0u64);
+    // The masses above `lo` and `hi` (above `lo` at most `z`).
+    let (mut mass_lo, mut mass_hi) = (z, 0.0f64);
+    for pass in 0..12 {
+        if count_lo - count_hi <= BRACKET_MAX as u64 {
+            break;
+        }
+        // Where the target falls if the mass is linear in log-weight between `lo` and `hi`;
+        // the levels around it (the first pass: at the quarters).
+        let (a, b) = (f64::from(lo).ln(), f64::from(hi).ln());
+        let f = ((mass_lo - target) / (mass_lo - mass_hi)).clamp(0.0, 1.0);
+        let at = |x: f64| (x.exp() as f32).clamp(lo, hi);
+        let levels: [f32; MASS_LEVELS] = if pass == 0 {
+            std::array::from_fn(|j| at(a + (b - a) * (j + 1) as f64 / (MASS_LEVELS + 1) as f64))
+        } else {
+            let c = a + f * (b - a);
+            let d = (b - a) / 16.0;
+            std::array::from_fn(|j| at(c + d * (j as f64 - (MASS_LEVELS / 2) as f64)))
+        };
+        let (mass, count) = mass_above_levels(w, &levels);
+        let (before_lo, before_hi) = (lo, hi);
+        for j in 0..MASS_LEVELS {
+            if mass[j] >= target * (1.0 + MASS_LEVEL_ERROR) && levels[j] > lo {
+                lo = levels[j];
+                count_lo = count[j];
+                mass_lo = mass[j];
+            }
+        }
+        for j in (0..MASS_LEVELS).rev() {
+            if mass[j] < target * (1.0 - MASS_LEVEL_ERROR) && levels[j] < hi && levels[j] >= lo {
+                hi = levels[j];
+                count_hi = count[j];
+                mass_hi = mass[j];
+            }
+        }
+        if (lo, hi) == (before_lo, before_hi) {
+            break;
+        }
+    }
+    cand.clear();
+    collect_weights_between(w, logits, lo, hi, cand);
+    let above = mass_above(w, hi);
+    let n = if above >= target {
+        // Rounding only (the passes said the mass above `hi` falls short): nothing more.
+        0
+    } else {
+        top_p_prefix(cand, target - above)
+    };
+    for c in &cand[n..] {
+        w[c.id as usize] = 0.0;
+    }
+    zero_weights_below(w, f64::from(lo.next_up()));
 }
 
 /// The survivors are `cand[..kept]`, a prefix of the (logit desc, id asc) order: a short list

@@ -172,24 +172,40 @@ pub(super) fn select_sparse(cand: &[Cand], u: f64) -> (u32, f32, f64, usize) {
     (last.id, last.w, z, nonzero)
 }
 
+/// Ids per block of [`select_dense`]'s walk inside a chunk.
+const WALK_BLOCK: usize = 256;
+
 /// [`select_sparse`] over dense weights (zero for removed tokens): the same rule, with the
-/// chunk sums of [`dense_sum`] (the same token but where `u z` falls within rounding of a
-/// chunk boundary).
+/// chunk sums of [`dense_sum`] and, inside the chosen chunk, the sums of its blocks of
+/// [`WALK_BLOCK`] ids (the same token but where `u z` falls within rounding of a chunk or
+/// block boundary).
 pub(crate) fn select_dense(w: &[f32], u: f64) -> (u32, f32, f64, usize) {
     // The chunk sums of `dense_sum` (vectorised), once each; `z` is their sum in order.
     let parts: Vec<f64> = w.chunks(CHUNK).map(dense_sum).collect();
     let z: f64 = parts.iter().fold(0.0, |a, &p| a + p);
     let target = u * z;
-    let nonzero = w.iter().filter(|&&x| x > 0.0).count();
+    // Weights are >= 0: the positive ones are those at or above the smallest subnormal.
+    let nonzero = crate::chain::passes::count_at_least(w, f32::from_bits(1));
     let mut acc = 0.0f64;
     for (c, (chunk, &part)) in w.chunks(CHUNK).zip(&parts).enumerate() {
         if acc + part > target {
+            // Inside the chunk, the same walk over blocks of WALK_BLOCK ids (their vectorised
+            // sums), then id by id inside one block: a sequential f64 walk over the whole
+            // chunk would be 8,192 dependent additions.
             let mut a = acc;
-            for (j, &x) in chunk.iter().enumerate() {
-                a += f64::from(x);
-                if a > target {
-                    return ((c * CHUNK + j) as u32, x, z, nonzero);
+            for (b, block) in chunk.chunks(WALK_BLOCK).enumerate() {
+                let sum = dense_sum(block);
+                if a + sum > target {
+                    let mut x_acc = a;
+                    for (j, &x) in block.iter().enumerate() {
+                        x_acc += f64::from(x);
+                        if x_acc > target {
+                            return ((c * CHUNK + b * WALK_BLOCK + j) as u32, x, z, nonzero);
+                        }
+                    }
+                    // Rounding left the ids one by one at or below the target: go on.
                 }
+                a += sum;
             }
         }
         acc += part;

@@ -397,6 +397,7 @@ pub fn row_kind(kind: &str, seed: u64, n: usize) -> Vec<f32> {
         "descending" => (0..n).map(|i| -(i as f32) / 1024.0).collect(),
         "flat equal" => vec![0.75; n],
         "flat normal(0,0.1)" => normal_row(seed, n, 0.1),
+        "flat normal(0,1)" => normal_row(seed, n, 1.0),
         "spikes over normal(0,1)" => {
             // At T = 0.3 the three spikes leave less than 1e-12 of the mass to the rest, so
             // that a top-p of 0.999999 has a cut clear of rounding.

@@ -1,8 +1,10 @@
-//! The benchmark's data and parameter sets: seeded synthetic logits and the workloads (a)-(f).
+//! The benchmark's data and parameter sets: seeded synthetic logits and the workloads (a)-(g).
 //!
 //! The logits imitate an LM head's output: every value is drawn from normal(0, 3), then five
 //! spikes per row at distinct random positions get `row max + U(-2, 8)` (the row max of the
-//! normal part), so a few tokens carry most of the mass, as after a trained model. The random
+//! normal part), so a few tokens carry most of the mass, as after a trained model. Workload
+//! (g) reads a second matrix, flat rows ([`Body::Flat`]: normal(0, 1), no spikes), where no
+//! token holds much of the mass and top-p keeps most of the row. The random
 //! numbers come from a small deterministic generator written here ([`SplitMix64`], Box–Muller
 //! for the normals), not from `rand`: the data depend on the seed alone, never on a crate
 //! version.
@@ -74,6 +76,15 @@ impl SplitMix64 {
     }
 }
 
+/// How the rows are drawn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Body {
+    /// normal(0, 3) and five spikes per row (workloads (a)-(f)).
+    Spiked,
+    /// normal(0, 1), no spikes (workload (g)).
+    Flat,
+}
+
 /// A generated logits matrix `[batch, vocab]` (dense, f32) and what was planted in it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Logits {
@@ -83,7 +94,8 @@ pub struct Logits {
     pub batch: usize,
     /// Values per row (token ids `0..vocab`).
     pub vocab: usize,
-    /// Per row, the distinct positions of its five spikes, in the order they were drawn.
+    /// Per row, the distinct positions of its five spikes, in the order they were drawn
+    /// (empty for [`Body::Flat`]).
     pub spikes: Vec<[u32; SPIKES]>,
     /// Per row, the max of its normal(0, 3) part, before the spikes were planted.
     pub base_max: Vec<f32>,
@@ -107,6 +119,20 @@ impl Logits {
     /// `vocab` outside `5..=u32::MAX`, `batch * vocab` overflowing, or memory that cannot be
     /// had.
     pub fn try_generate(batch: usize, vocab: usize, seed: u64) -> anyhow::Result<Self> {
+        Self::try_generate_body(batch, vocab, seed, Body::Spiked)
+    }
+
+    /// [`Logits::try_generate`] for either body: [`Body::Flat`] rows are normal(0, 1) with no
+    /// spikes (and the same previous ids).
+    ///
+    /// # Errors
+    /// As [`Logits::try_generate`].
+    pub fn try_generate_body(
+        batch: usize,
+        vocab: usize,
+        seed: u64,
+        body: Body,
+    ) -> anyhow::Result<Self> {
         anyhow::ensure!(
             (SPIKES..=u32::MAX as usize).contains(&vocab),
             "vocab {vocab} outside 5..=u32::MAX"
@@ -121,9 +147,22 @@ impl Logits {
         let mut history = crate::bench::try_collect(batch, std::iter::empty(), "the histories")?;
         for _ in 0..batch {
             let start = data.len();
-            data.extend((0..vocab).map(|_| (3.0 * rng.normal()) as f32));
+            let sd = match body {
+                Body::Spiked => 3.0,
+                Body::Flat => 1.0,
+            };
+            data.extend((0..vocab).map(|_| (sd * rng.normal()) as f32));
             let row = &mut data[start..];
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            if body == Body::Flat {
+                base_max.push(max);
+                history.push(crate::bench::try_collect(
+                    HISTORY,
+                    std::iter::repeat_with(|| rng.below(vocab as u64) as u32),
+                    "a history",
+                )?);
+                continue;
+            }
             let mut at = [0u32; SPIKES];
             let mut n = 0;
             while n < SPIKES {
@@ -163,7 +202,7 @@ impl Logits {
 /// One parameter set of the benchmark, applied to every row.
 #[derive(Clone, Debug)]
 pub struct Workload {
-    /// The letter: `'a'` .. `'f'`.
+    /// The letter: `'a'` .. `'g'`.
     pub id: char,
     /// What it does, e.g. `"top-k 50"`.
     pub name: &'static str,
@@ -171,6 +210,8 @@ pub struct Workload {
     pub params: SamplingParams,
     /// Whether the rows' [`Logits::history`] is the context of the repetition penalty.
     pub uses_history: bool,
+    /// The rows it reads: spiked (a)-(f) or flat (g).
+    pub body: Body,
 }
 
 impl Workload {
@@ -185,7 +226,8 @@ pub const SAMPLE_SEED: u64 = 42;
 
 /// The workloads of the measurement, in order: (a) top-k 50, (b) top-p 0.9, (c) temperature
 /// 0.8 + top-k 50 + top-p 0.9, (d) min-p 0.05, (e) greedy, (f) repetition penalty 1.1 over
-/// the row's 256 previous ids + (c). All at temperature 1 unless said.
+/// the row's 256 previous ids + (c), on the spiked rows; (g) top-p 0.9 on the flat rows. All
+/// at temperature 1 unless said.
 pub fn workloads() -> Vec<Workload> {
     let seed = Some(SAMPLE_SEED);
     let c = SamplingParams {
@@ -205,6 +247,7 @@ pub fn workloads() -> Vec<Workload> {
                 ..Default::default()
             },
             uses_history: false,
+            body: Body::Spiked,
         },
         Workload {
             id: 'b',
@@ -215,12 +258,14 @@ pub fn workloads() -> Vec<Workload> {
                 ..Default::default()
             },
             uses_history: false,
+            body: Body::Spiked,
         },
         Workload {
             id: 'c',
             name: "T 0.8 + top-k 50 + top-p 0.9",
             params: c.clone(),
             uses_history: false,
+            body: Body::Spiked,
         },
         Workload {
             id: 'd',
@@ -231,6 +276,7 @@ pub fn workloads() -> Vec<Workload> {
                 ..Default::default()
             },
             uses_history: false,
+            body: Body::Spiked,
         },
         Workload {
             id: 'e',
@@ -240,6 +286,7 @@ pub fn workloads() -> Vec<Workload> {
                 ..SamplingParams::greedy()
             },
             uses_history: false,
+            body: Body::Spiked,
         },
         Workload {
             id: 'f',
@@ -249,6 +296,18 @@ pub fn workloads() -> Vec<Workload> {
                 ..c
             },
             uses_history: true,
+            body: Body::Spiked,
+        },
+        Workload {
+            id: 'g',
+            name: "top-p 0.9, flat rows",
+            params: SamplingParams {
+                top_p: 0.9,
+                seed,
+                ..Default::default()
+            },
+            uses_history: false,
+            body: Body::Flat,
         },
     ]
 }
@@ -268,6 +327,30 @@ mod tests {
         assert_eq!(one.history[0], a.history[0]);
         // A fixed value pins the generator itself (SplitMix64 of seed 0, first output).
         assert_eq!(SplitMix64::new(0).next_u64(), 0xE220_A839_7B1D_CDAF);
+    }
+
+    #[test]
+    fn flat_rows_are_normal_0_1_without_spikes() {
+        let logits = Logits::try_generate_body(4, 5000, DEFAULT_SEED, Body::Flat).unwrap();
+        assert!(logits.spikes.is_empty());
+        let n = logits.data.len() as f64;
+        let mean = logits.data.iter().map(|&l| f64::from(l)).sum::<f64>() / n;
+        let sd = (logits
+            .data
+            .iter()
+            .map(|&l| f64::from(l).powi(2))
+            .sum::<f64>()
+            / n
+            - mean * mean)
+            .sqrt();
+        assert!(mean.abs() < 0.05, "mean {mean}");
+        assert!((sd - 1.0).abs() < 0.05, "standard deviation {sd}");
+        // No token holds much: the largest probability is far below top-p's 0.9.
+        let row = logits.row(0);
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let z: f64 = row.iter().map(|&l| f64::from(l - max).exp()).sum();
+        assert!(1.0 / z < 0.01, "p_max {}", 1.0 / z);
+        assert_eq!(logits.history[3].len(), HISTORY);
     }
 
     #[test]
@@ -306,9 +389,9 @@ mod tests {
     }
 
     #[test]
-    fn workloads_are_valid_and_named_a_to_f() {
+    fn workloads_are_valid_and_named_a_to_g() {
         let ids: String = workloads().iter().map(|w| w.id).collect();
-        assert_eq!(ids, "abcdef");
+        assert_eq!(ids, "abcdefg");
         for w in workloads() {
             w.params.validate().unwrap();
         }
