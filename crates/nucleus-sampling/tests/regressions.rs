@@ -218,3 +218,41 @@ fn top_p_keeps_only_the_lowest_id_of_a_dominant_maximum() {
     assert_eq!(only(&row, 0.47), vec![5]);
     assert_eq!(only(&row, 0.48), vec![5, 250]);
 }
+
+/// Top-p on a probability row of subnormal values (10,000 of 1e-40, then 10,000 of 5e-41):
+/// the dense search (taken for every probability row) once floored its bracket at
+/// f32::MIN_POSITIVE, above every value, then at the largest value, and so dropped every
+/// 5e-41 that top-p 0.91234 needs. The survivors are the 1e-40 ids and the first `j` of the
+/// others, `j` the least count that reaches 0.91234 of the mass.
+#[test]
+fn top_p_over_tiny_probabilities_keeps_the_whole_prefix() {
+    let (a, b) = (1e-40f32, 5e-41f32);
+    let row: Vec<f32> = (0..20_000)
+        .map(|i| if i < 10_000 { a } else { b })
+        .collect();
+    let params = SamplingParams {
+        top_p: 0.912_34,
+        seed: Some(1),
+        ..Default::default()
+    };
+    let d = distribution_from_probs(&row, &SampleRequest::new(&params, &[], &[], 0)).unwrap();
+    let (a, b) = (f64::from(a), f64::from(b));
+    let target = 0.912_34 * 10_000.0 * (a + b);
+    let j = ((target - 10_000.0 * a) / b).ceil() as usize;
+    // Clear of a tie with the boundary.
+    assert!((10_000.0 * a + j as f64 * b - target) / target > 1e-6);
+    let z = 10_000.0 * a + j as f64 * b;
+    for (i, &x) in d.iter().enumerate() {
+        let want = if i < 10_000 {
+            a / z
+        } else if i < 10_000 + j {
+            b / z
+        } else {
+            0.0
+        };
+        assert!(
+            (x - want).abs() <= 1e-9 * want.max(1e-12),
+            "id {i}: {x}, want {want}"
+        );
+    }
+}

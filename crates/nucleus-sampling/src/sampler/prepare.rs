@@ -389,11 +389,11 @@ fn top_p_dense(logits: &[f32], w: &mut [f32], w_max: f32, p: f64, z: f64, cand: 
     let vocab = w.len();
     let target = p * z;
     let eps = (1.0 - p) * z / vocab as f64 * (1.0 - 1e-6);
-    // Rounded down, and positive so that the levels between it and `hi` are geometric.
+    // Rounded down (0 when it underflows: probabilities can be that small), below `w_max`.
     let mut lo = {
         let e = eps as f32;
         let e = if f64::from(e) > eps { e.next_down() } else { e };
-        e.max(f32::MIN_POSITIVE).min(w_max.next_down())
+        e.max(0.0).min(w_max.next_down())
     };
     let mut hi = w_max;
     let (mut count_lo, mut count_hi) = (vocab as u64, 0u64);
@@ -405,7 +405,11 @@ fn top_p_dense(logits: &[f32], w: &mut [f32], w_max: f32, p: f64, z: f64, cand: 
         }
         // Where the target falls if the mass is linear in log-weight between `lo` and `hi`;
         // the levels around it (the first pass: at the quarters).
-        let (a, b) = (f64::from(lo).ln(), f64::from(hi).ln());
+        // Geometric levels need a positive bottom: the smallest subnormal for 0.
+        let (a, b) = (
+            f64::from(lo.max(f32::from_bits(1))).ln(),
+            f64::from(hi).ln(),
+        );
         let f = ((mass_lo - target) / (mass_lo - mass_hi)).clamp(0.0, 1.0);
         let at = |x: f64| (x.exp() as f32).clamp(lo, hi);
         let levels: [f32; MASS_LEVELS] = if pass == 0 {
