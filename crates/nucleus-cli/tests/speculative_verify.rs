@@ -326,6 +326,32 @@ fn bad_requests_are_answered_with_their_kind_and_the_next_lines_go_on() {
             "invalid_row",
             "unknown field `topk`",
         ),
+        // A bad row after a coin-flip row: an error whatever the draws.
+        (
+            r#"{"draft_token_ids": [0], "target_logits": [[0, 0], ["-inf", "-inf"]], "params": {"seed": 1}}"#,
+            "no_candidates",
+            "",
+        ),
+        (
+            r#"{"draft_token_ids": [0], "target_logits": [[0, 0], ["-inf", "-inf"]], "params": {"seed": 2}}"#,
+            "no_candidates",
+            "",
+        ),
+        (
+            r#"{"draft_token_ids": [0], "target_probs": [[1, 1], [1, -1]]}"#,
+            "invalid_probability",
+            "",
+        ),
+        (
+            r#"{"draft_token_ids": [0], "target_logits": [[1, 2], [1, 2]], "position": 18446744073709551615}"#,
+            "invalid_params",
+            "`position`",
+        ),
+        (
+            r#"{"draft_token_ids": [0], "target_logits": [[1, 2], [1, 2]], "params": {"logprobs_kind": "raw"}}"#,
+            "invalid_params",
+            "`logprobs_kind`",
+        ),
     ];
     let mut lines = Vec::new();
     for (line, _, _) in cases {

@@ -138,6 +138,10 @@ pub struct VerifyOutput {
 ///   a chain, and the refused parameters of [`Verifier`].
 /// - [`SampleError::TokenIdOutOfRange`] for a drafted id `>= vocab_size` (field
 ///   `"draft_token_ids"`).
+/// - [`SampleError::InvalidParams`] naming `position` when `position + K` overflows u64.
+/// - [`SampleError::NonFiniteLogits`], [`SampleError::InvalidProbability`] or
+///   [`SampleError::NoCandidates`] for a target row that is bad as given (any of the `K + 1`
+///   rows, whatever the draws).
 /// - [`SampleError::SeedUnavailable`] when no seed is given and the OS has none.
 /// - Any error of [`crate::distribution`] or [`SamplerChain::distribution`] on a target row
 ///   (NaN logits, no candidates, a context id out of range, ...).
@@ -176,8 +180,22 @@ pub fn verify_batch(requests: &[VerifyRequest<'_>]) -> Vec<Result<VerifyOutput, 
     requests.par_iter().map(verify).collect()
 }
 
-/// Refuses `n != 1` and top log-probabilities, which verification does not produce.
-fn check_single(n: usize, logprobs: Option<usize>) -> Result<(), SampleError> {
+/// Refuses `n != 1`, top log-probabilities and raw log-probabilities, which verification does
+/// not produce.
+fn check_single(
+    n: usize,
+    logprobs: Option<usize>,
+    kind: crate::params::LogprobsKind,
+) -> Result<(), SampleError> {
+    if kind != crate::params::LogprobsKind::Processed {
+        return Err(ParamError::new(
+            "logprobs_kind",
+            kind.as_str(),
+            "\"processed\" in speculative verification (the answer holds each emitted token's \
+             processed log-probability)",
+        )
+        .into());
+    }
     if n != 1 {
         return Err(ParamError::new(
             "n",
@@ -231,7 +249,7 @@ fn run(request: &VerifyRequest<'_>) -> Result<(VerifyOutput, Option<SamplerChain
                 )
                 .into());
             }
-            check_single(params.n, params.logprobs)?;
+            check_single(params.n, params.logprobs, params.logprobs_kind)?;
             (
                 Target::Params {
                     params,
@@ -243,7 +261,8 @@ fn run(request: &VerifyRequest<'_>) -> Result<(VerifyOutput, Option<SamplerChain
         Verifier::Chain(chain) => {
             let selection = chain.selection();
             selection.validate()?;
-            check_single(selection.n(), selection.logprobs().0)?;
+            let (top, kind) = selection.logprobs();
+            check_single(selection.n(), top, kind)?;
             if probs_input {
                 return Err(ParamError::new(
                     "target",
@@ -283,6 +302,21 @@ fn run(request: &VerifyRequest<'_>) -> Result<(VerifyOutput, Option<SamplerChain
             )
             .into());
         }
+    }
+    if request.position.checked_add(k as u64).is_none() {
+        return Err(ParamError::new(
+            "position",
+            request.position,
+            "at most 2^64 - 1 - K (every emitted token needs its own position)",
+        )
+        .into());
+    }
+    // Every target row is checked as a row, not only those the verification reaches, so that
+    // a bad row is an error whatever the draws (rows after the first rejection are not
+    // processed: errors that only processing finds, such as a penalty overflow, come from
+    // the rows reached).
+    for row in rows.chunks_exact(v) {
+        check_row(row, probs_input)?;
     }
     let seed = match seed {
         Some(s) => s,
@@ -364,6 +398,31 @@ fn run(request: &VerifyRequest<'_>) -> Result<(VerifyOutput, Option<SamplerChain
         Target::Params { .. } => None,
     };
     Ok((out, chain))
+}
+
+/// Step 1 of spec/sampling.md on one target row: NaN or `+inf` logits, or probabilities that
+/// are NaN, infinite or negative; and a row with no candidate at all (every logit `-inf`,
+/// every probability 0).
+fn check_row(row: &[f32], probs: bool) -> Result<(), SampleError> {
+    if probs {
+        if let Some(i) = row.iter().position(|&p| !(p.is_finite() && p >= 0.0)) {
+            return Err(SampleError::InvalidProbability {
+                token_id: i as u32,
+                value: row[i],
+            });
+        }
+        if row.iter().all(|&p| p == 0.0) {
+            return Err(SampleError::NoCandidates);
+        }
+    } else {
+        if row.iter().any(|&l| l.is_nan() || l == f32::INFINITY) {
+            return Err(crate::sampler::non_finite(row));
+        }
+        if row.iter().all(|&l| l == f32::NEG_INFINITY) {
+            return Err(SampleError::NoCandidates);
+        }
+    }
+    Ok(())
 }
 
 /// Draft row `i` as f64 probabilities (divided by the row's sum), checked; `None` for a one-hot

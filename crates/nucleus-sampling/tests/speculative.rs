@@ -816,3 +816,72 @@ fn a_chain_is_refused_what_verification_cannot_do() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn a_bad_target_row_is_an_error_whatever_the_draws() {
+    // Row 0 is a coin flip for a one-hot draft of id 0 (p = 1/2); row 1 is bad. Every seed
+    // gets the error, also those whose draft is rejected at row 0 (row 1 never processed).
+    let bad_rows: [(&[f32], bool, &str); 4] = [
+        (
+            &[f32::NEG_INFINITY, f32::NEG_INFINITY],
+            false,
+            "no_candidates",
+        ),
+        (&[0.0, f32::NAN], false, "non_finite"),
+        (&[0.5, -0.5], true, "invalid_probability"),
+        (&[0.0, 0.0], true, "no_candidates"),
+    ];
+    for (row1, probs, what) in bad_rows {
+        let mut target = vec![0.5f32, 0.5];
+        target.extend_from_slice(row1);
+        for seed in 0..40 {
+            let par = params(seed);
+            let rows = if probs {
+                TargetRows::Probs(&target)
+            } else {
+                TargetRows::Logits(&target)
+            };
+            let got = verify(&VerifyRequest::new(Verifier::Params(&par), &[0], rows, 2));
+            let ok = match (what, &got) {
+                ("no_candidates", Err(SampleError::NoCandidates)) => true,
+                ("non_finite", Err(SampleError::NonFiniteLogits { token_id: 1, .. })) => true,
+                (
+                    "invalid_probability",
+                    Err(SampleError::InvalidProbability { token_id: 1, .. }),
+                ) => true,
+                _ => false,
+            };
+            assert!(ok, "{what}, seed {seed}: {got:?}");
+        }
+    }
+}
+
+#[test]
+fn positions_past_u64_and_raw_logprobs_are_refused() {
+    let target = [0.0f32; 4];
+    let par = params(1);
+    let mut req = VerifyRequest::new(Verifier::Params(&par), &[0], TargetRows::Logits(&target), 2);
+    req.position = u64::MAX;
+    match verify(&req) {
+        Err(SampleError::InvalidParams(e)) => assert_eq!(e.field, "position"),
+        other => panic!("{other:?}"),
+    }
+    req.position = u64::MAX - 1;
+    assert!(verify(&req).is_ok());
+    let raw = SamplingParams {
+        logprobs_kind: nucleus_sampling::LogprobsKind::Raw,
+        ..params(1)
+    };
+    req.verifier = Verifier::Params(&raw);
+    req.position = 0;
+    match verify(&req) {
+        Err(SampleError::InvalidParams(e)) => assert_eq!(e.field, "logprobs_kind"),
+        other => panic!("{other:?}"),
+    }
+    let c = chain(r#"[{"sample": {"seed": 1, "logprobs_kind": "raw"}}]"#);
+    req.verifier = Verifier::Chain(&c);
+    match verify(&req) {
+        Err(SampleError::InvalidParams(e)) => assert_eq!(e.field, "logprobs_kind"),
+        other => panic!("{other:?}"),
+    }
+}
