@@ -842,15 +842,18 @@ fn a_bad_target_row_is_an_error_whatever_the_draws() {
                 TargetRows::Logits(&target)
             };
             let got = verify(&VerifyRequest::new(Verifier::Params(&par), &[0], rows, 2));
-            let ok = match (what, &got) {
-                ("no_candidates", Err(SampleError::NoCandidates)) => true,
-                ("non_finite", Err(SampleError::NonFiniteLogits { token_id: 1, .. })) => true,
-                (
-                    "invalid_probability",
-                    Err(SampleError::InvalidProbability { token_id: 1, .. }),
-                ) => true,
-                _ => false,
-            };
+            let ok = matches!(
+                (what, &got),
+                ("no_candidates", Err(SampleError::NoCandidates))
+                    | (
+                        "non_finite",
+                        Err(SampleError::NonFiniteLogits { token_id: 1, .. })
+                    )
+                    | (
+                        "invalid_probability",
+                        Err(SampleError::InvalidProbability { token_id: 1, .. })
+                    )
+            );
             assert!(ok, "{what}, seed {seed}: {got:?}");
         }
     }
