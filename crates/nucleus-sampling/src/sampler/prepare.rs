@@ -373,9 +373,11 @@ fn count_at_least(logits: &[f32], cut: f32) -> usize {
 /// The boundary token's weight lies in a bracket `(lo, hi]`: at first `lo` just below
 /// `(1 - p) z / vocab` (the last survivor weighs at least that, see the caller) and `hi =
 /// w_max`. Each [`crate::chain::passes::mass_above_levels`] pass (one read of the weights)
-/// narrows it to one of eight geometric parts, from the mass above seven levels: a level
-/// whose mass clearly reaches `p z` (beyond the passes' rounding bound) becomes `lo`, one
-/// whose mass clearly falls short becomes `hi`. When the bracket holds at most
+/// gives the mass above three levels (the first pass: at the quarters of the bracket in
+/// log-weight; later ones: around where the target falls if the mass is linear in
+/// log-weight between `lo` and `hi`, a sixteenth of the bracket apart): a level whose mass
+/// clearly reaches `p z` (beyond the passes' rounding bound) becomes `lo`, one whose mass
+/// clearly falls short becomes `hi`. When the bracket holds at most
 /// [`BRACKET_MAX`] tokens (or stops narrowing) its tokens are collected, and
 /// [`top_p_prefix`] finds the boundary among them with the f64 mass above `hi` taken off the
 /// target. Every token above `hi` survives, those in the bracket after the boundary and
