@@ -181,10 +181,17 @@ fn path_message(e: &serde_path_to_error::Error<serde_json::Error>) -> String {
 /// JSON but not a row (wrong or unknown fields, wrong types), with a message that starts with
 /// the JSON path of the bad value (`params.n: ...`, `chain[0].sample.n: ...`).
 pub fn parse_row(line: &[u8]) -> Result<RowInput, RowError> {
+    parse_line(line)
+}
+
+/// Parses one line into a JSON object of type `T` (unknown fields refused by `T`):
+/// `invalid_json`, `invalid_row` (led by the JSON path of the bad value) or `allocation` (a
+/// list that cannot be held), as [`parse_row`] says.
+pub(crate) fn parse_line<T: serde::de::DeserializeOwned>(line: &[u8]) -> Result<T, RowError> {
     // JSON is UTF-8; checked up front because skipping over a string does not check it.
     std::str::from_utf8(line)
         .map_err(|e| RowError::invalid_json(format!("not valid JSON: not UTF-8 ({e})")))?;
-    match from_json::<Object<RowInput>>(line) {
+    match from_json::<Object<T>>(line) {
         Ok(Object(row)) => Ok(row),
         Err(JsonError::Shape(message)) => Err(RowError {
             kind: input::allocation_kind(&message, "invalid_row"),
@@ -194,15 +201,15 @@ pub fn parse_row(line: &[u8]) -> Result<RowInput, RowError> {
     }
 }
 
-/// The first id of the row's context (`prompt_ids`, `output_ids`, `eos_token_ids`,
-/// `stop_token_ids`, in this order) that is not below `vocab_size`, as a
-/// `token_id_out_of_range` error naming its own field. The sampler sees eos and stop ids as
+/// The first id of the row's context (`fields` in order: here `prompt_ids`, `output_ids`,
+/// `eos_token_ids`, `stop_token_ids`; `speculative-verify` adds `draft_token_ids`) that is
+/// not below `vocab_size`, as a `token_id_out_of_range` error naming its own field. The sampler sees eos and stop ids as
 /// one list and would name both `stop_token_ids`, so they are checked here, before merging.
-fn check_context_ids(
-    fields: [(&'static str, &[u32]); 4],
+pub(crate) fn check_context_ids(
+    fields: &[(&'static str, &[u32])],
     vocab_size: usize,
 ) -> Result<(), RowError> {
-    for (field, ids) in fields {
+    for &(field, ids) in fields {
         if let Some(&token_id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
             return Err(SampleError::TokenIdOutOfRange {
                 field,
@@ -283,7 +290,7 @@ pub fn answer_row(row: RowInput, options: &Options) -> Result<Answer, RowError> 
             }
             let need = crate::memory::chain_row_bytes(vocab_size, &chain);
             let mut chain = SamplerChain::from_config(&chain).map_err(chain_error)?;
-            check_context_ids(context_ids, vocab_size)?;
+            check_context_ids(&context_ids, vocab_size)?;
             check_room(
                 need.zip(dist_bytes(options, vocab_size, values.len()))
                     .and_then(|(a, b)| a.checked_add(b)),
@@ -308,7 +315,7 @@ pub fn answer_row(row: RowInput, options: &Options) -> Result<Answer, RowError> 
     };
     // The sampler checks the parameters before the ids; so does this path.
     params.validate().map_err(SampleError::InvalidParams)?;
-    check_context_ids(context_ids, vocab_size)?;
+    check_context_ids(&context_ids, vocab_size)?;
     check_room(
         crate::memory::sampler_row_bytes(vocab_size, &params, false)
             .zip(dist_bytes(options, vocab_size, values.len()))

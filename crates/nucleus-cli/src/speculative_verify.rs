@@ -71,7 +71,7 @@ use crate::answer::Reply;
 use crate::input::{InputLimit, MaxInputBytes};
 use crate::sample::input::{ChainInput, Fallible, Object, ParamsInput, Row};
 use crate::sample::output::RowError;
-use crate::sample::{from_json, JsonError, RunError};
+use crate::sample::RunError;
 
 /// The flags of `nucleus speculative-verify`.
 #[derive(Args, Debug, Clone, Default)]
@@ -145,16 +145,7 @@ impl From<VerifyOutput> for Answer {
 /// wrong (the message led by the JSON path of the bad value), `allocation` when a list cannot
 /// be held.
 pub fn parse_request(line: &[u8]) -> Result<VerifyInput, RowError> {
-    std::str::from_utf8(line)
-        .map_err(|e| RowError::invalid_json(format!("not valid JSON: not UTF-8 ({e})")))?;
-    match from_json::<Object<VerifyInput>>(line) {
-        Ok(Object(request)) => Ok(request),
-        Err(JsonError::Shape(message)) => Err(RowError {
-            kind: crate::sample::input::allocation_kind(&message, "invalid_row"),
-            message,
-        }),
-        Err(JsonError::Syntax(e)) => Err(RowError::invalid_json(format!("not valid JSON: {e}"))),
-    }
+    crate::sample::parse_line(line)
 }
 
 /// The rows of `field` as one row-major buffer of their first `vocab_size` values: `rows`
@@ -208,22 +199,6 @@ fn check_room(bytes: Option<usize>) -> Result<(), RowError> {
             bytes,
         ),
     })
-}
-
-/// The first id of `fields` that is not below `vocab_size`, as a `token_id_out_of_range`
-/// error naming its own list.
-fn check_ids(fields: [(&'static str, &[u32]); 5], vocab_size: usize) -> Result<(), RowError> {
-    for (field, ids) in fields {
-        if let Some(&token_id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
-            return Err(SampleError::TokenIdOutOfRange {
-                field,
-                token_id,
-                vocab_size,
-            }
-            .into());
-        }
-    }
-    Ok(())
 }
 
 /// Verifies one parsed request.
@@ -309,7 +284,7 @@ pub fn answer_request(request: VerifyInput) -> Result<Answer, RowError> {
             let need = crate::memory::chain_row_bytes(vocab_size, &config);
             let mut chain =
                 SamplerChain::from_config(&config).map_err(crate::sample::chain_error)?;
-            check_ids(ids, vocab_size)?;
+            crate::sample::check_context_ids(&ids, vocab_size)?;
             check_room(need.zip(distributions).and_then(|(a, b)| a.checked_add(b)))?;
             chain.reset(&prompt_ids);
             for &token in &output_ids {
@@ -322,7 +297,7 @@ pub fn answer_request(request: VerifyInput) -> Result<Answer, RowError> {
     };
     if chain.is_none() {
         params.validate().map_err(SampleError::InvalidParams)?;
-        check_ids(ids, vocab_size)?;
+        crate::sample::check_context_ids(&ids, vocab_size)?;
         check_room(
             crate::memory::sampler_row_bytes(vocab_size, &params, false)
                 .zip(distributions)
