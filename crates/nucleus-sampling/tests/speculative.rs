@@ -107,43 +107,9 @@ fn every_step_matches_the_rule_worked_from_the_uniforms() {
         let got = verify(&req).unwrap();
         assert_eq!(got.seed, seed);
         // The oracle: walk the positions with the spec's uniforms.
-        let mut want = Vec::new();
-        let mut decided = true;
-        for i in 0..=2usize {
-            let pos = 7 + i as u64;
-            let r = spec_uniform_kind(seed, pos, 3);
-            if i == 2 {
-                match inverse_cdf(&p[2], r) {
-                    Some(t) => want.push(t),
-                    None => decided = false,
-                }
-                break;
-            }
-            let x = ids[i] as usize;
-            let ratio = p[i][x] / q[i][x];
-            let u = spec_uniform_kind(seed, pos, 2);
-            if (ratio - u).abs() < 1e-9 {
-                decided = false;
-                break;
-            }
-            if ratio >= u {
-                want.push(x as u32);
-                continue;
-            }
-            let residual: Vec<f64> = p[i]
-                .iter()
-                .zip(&q[i])
-                .map(|(a, b)| (a - b).max(0.0))
-                .collect();
-            match inverse_cdf(&residual, r) {
-                Some(t) => want.push(t),
-                None => decided = false,
-            }
-            break;
-        }
-        if !decided {
+        let Some((want, _)) = walk(seed, 7, &ids, &q, |i, _| p[i].clone()) else {
             continue;
-        }
+        };
         checked += 1;
         assert_eq!(got.tokens, want, "seed {seed} draft {ids:?}");
         assert_eq!(got.accepted, want.len() - 1);
