@@ -214,9 +214,20 @@ mod x86 {
         }
     }
 
+    /// The portable blocks compiled with AVX2 and FMA. The block function is a closure
+    /// defined here (closures inherit the enclosing target features): a plain `fn` item passed
+    /// to the generic driver would be compiled without FMA, every `mul_add` a libm call.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn max_sum_exp_avx2(row: &[f32], t: f32) -> MaxSumExp {
-        super::max_sum_exp_body(row, t)
+        if t == 1.0 {
+            super::max_sum_exp_chunks_with::<false, _>(row, t, |b, m, s, t| {
+                super::block_generic::<false>(b, m, s, t)
+            })
+        } else {
+            super::max_sum_exp_chunks_with::<true, _>(row, t, |b, m, s, t| {
+                super::block_generic::<true>(b, m, s, t)
+            })
+        }
     }
 
     #[target_feature(enable = "avx512f")]

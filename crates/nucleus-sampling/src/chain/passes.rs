@@ -423,6 +423,9 @@ pub(crate) fn count_at_least(values: &[f32], cut: f32) -> usize {
         if kernels::isa() == kernels::Isa::Avx512 {
             // SAFETY: `isa()` reports AVX-512F only when the CPU has it.
             unsafe { count_at_least_avx512(&values[..whole], cut) }
+        } else if kernels::isa() == kernels::Isa::Avx2 {
+            // SAFETY: `isa()` reports AVX2 only when the CPU has it.
+            unsafe { count_at_least_avx2(&values[..whole], cut) }
         } else {
             values[..whole]
                 .iter()
@@ -453,6 +456,30 @@ unsafe fn count_at_least_avx512(values: &[f32], cut: f32) -> usize {
             let x = unsafe { _mm512_loadu_ps(run.as_ptr().add(16 * q)) };
             // Not below: at least `cut`, or NaN.
             *nq += _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, t).count_ones() as usize;
+        }
+    }
+    n.iter().sum()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn count_at_least_avx2(values: &[f32], cut: f32) -> usize {
+    use std::arch::x86_64::*;
+    let t = _mm256_set1_ps(cut);
+    let mut n = [0usize; 4];
+    for run in values.chunks_exact(R) {
+        for (q, nq) in n.iter_mut().enumerate() {
+            // SAFETY: `run` holds R = 64 values, 16 per q.
+            let (a, b) = unsafe {
+                (
+                    _mm256_loadu_ps(run.as_ptr().add(16 * q)),
+                    _mm256_loadu_ps(run.as_ptr().add(16 * q + 8)),
+                )
+            };
+            // Not below: at least `cut`, or NaN.
+            let ma = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NLT_UQ>(a, t)) as u32;
+            let mb = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NLT_UQ>(b, t)) as u32;
+            *nq += (ma | mb << 8).count_ones() as usize;
         }
     }
     n.iter().sum()
@@ -491,6 +518,11 @@ pub(crate) fn mass_above_levels(
     if kernels::isa() == kernels::Isa::Avx512 {
         // SAFETY: `isa()` reports AVX-512F only when the CPU has it.
         return unsafe { mass_above_levels_avx512(w, levels) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if kernels::isa() == kernels::Isa::Avx2 {
+        // SAFETY: `isa()` reports AVX2 only when the CPU has it.
+        return unsafe { mass_above_levels_avx2(w, levels) };
     }
     mass_above_levels_body(w, levels)
 }
@@ -604,6 +636,82 @@ unsafe fn mass_above_levels_avx512(
     (mass, count)
 }
 
+/// [`mass_above_levels`] on AVX2: per block, one read of the block (from L1) per level, the
+/// [`MR`] lanes' masses and counts in eight named registers; a weight at or below the level
+/// adds `+0.0` (the masked-out value of `and`), which leaves a lane's non-negative sum's bits
+/// as they are, so the bits are those of the portable body.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn mass_above_levels_avx2(
+    w: &[f32],
+    levels: &[f32; MASS_LEVELS],
+) -> ([f64; MASS_LEVELS], [u64; MASS_LEVELS]) {
+    use std::arch::x86_64::*;
+    let mut mass = [0.0f64; MASS_LEVELS];
+    let mut count = [0u64; MASS_LEVELS];
+    let z = _mm256_setzero_ps();
+    let zi = _mm256_setzero_si256();
+    for block in w.chunks(MASS_BLOCK) {
+        let runs = block.chunks_exact(MR);
+        let tail = runs.remainder();
+        let mut pad = [0.0f32; MR];
+        pad[..tail.len()].copy_from_slice(tail);
+        for j in 0..MASS_LEVELS {
+            let t = _mm256_set1_ps(levels[j]);
+            let (mut s0, mut s1, mut s2, mut s3) = (z, z, z, z);
+            let (mut c0, mut c1, mut c2, mut c3) = (zi, zi, zi, zi);
+            // One step over 32 values at `p`: a compare mask is -1 per set lane, so the
+            // counts go up by subtracting it.
+            macro_rules! step {
+                ($p:expr) => {{
+                    let p: *const f32 = $p;
+                    // SAFETY: `p` points at MR = 32 values.
+                    let (x0, x1, x2, x3) = unsafe {
+                        (
+                            _mm256_loadu_ps(p),
+                            _mm256_loadu_ps(p.add(8)),
+                            _mm256_loadu_ps(p.add(16)),
+                            _mm256_loadu_ps(p.add(24)),
+                        )
+                    };
+                    let m = _mm256_cmp_ps::<_CMP_GT_OQ>(x0, t);
+                    s0 = _mm256_add_ps(s0, _mm256_and_ps(m, x0));
+                    c0 = _mm256_sub_epi32(c0, _mm256_castps_si256(m));
+                    let m = _mm256_cmp_ps::<_CMP_GT_OQ>(x1, t);
+                    s1 = _mm256_add_ps(s1, _mm256_and_ps(m, x1));
+                    c1 = _mm256_sub_epi32(c1, _mm256_castps_si256(m));
+                    let m = _mm256_cmp_ps::<_CMP_GT_OQ>(x2, t);
+                    s2 = _mm256_add_ps(s2, _mm256_and_ps(m, x2));
+                    c2 = _mm256_sub_epi32(c2, _mm256_castps_si256(m));
+                    let m = _mm256_cmp_ps::<_CMP_GT_OQ>(x3, t);
+                    s3 = _mm256_add_ps(s3, _mm256_and_ps(m, x3));
+                    c3 = _mm256_sub_epi32(c3, _mm256_castps_si256(m));
+                }};
+            }
+            for run in block.chunks_exact(MR) {
+                step!(run.as_ptr());
+            }
+            step!(pad.as_ptr());
+            let mut lanes = [0.0f32; MR];
+            let mut n = [0u32; MR];
+            // SAFETY: 8 values at 0, 8, 16 and 24 within the 32.
+            unsafe {
+                _mm256_storeu_ps(lanes.as_mut_ptr(), s0);
+                _mm256_storeu_ps(lanes.as_mut_ptr().add(8), s1);
+                _mm256_storeu_ps(lanes.as_mut_ptr().add(16), s2);
+                _mm256_storeu_ps(lanes.as_mut_ptr().add(24), s3);
+                _mm256_storeu_si256(n.as_mut_ptr().cast(), c0);
+                _mm256_storeu_si256(n.as_mut_ptr().add(8).cast(), c1);
+                _mm256_storeu_si256(n.as_mut_ptr().add(16).cast(), c2);
+                _mm256_storeu_si256(n.as_mut_ptr().add(24).cast(), c3);
+            }
+            mass[j] += lanes.iter().map(|&x| f64::from(x)).sum::<f64>();
+            count[j] += n.iter().map(|&x| u64::from(x)).sum::<u64>();
+        }
+    }
+    (mass, count)
+}
+
 multiversion! {
     /// The f64 sum of the weights strictly above `level` (lanes as [`sum_weights`], per
     /// chunk of [`CHUNK`] ids, the chunk sums in order).
@@ -641,6 +749,9 @@ pub(crate) fn collect_weights_between(
     if kernels::isa() == kernels::Isa::Avx512 && !baseline {
         // SAFETY: `isa()` reports AVX-512F only when the CPU has it.
         unsafe { between_masks_avx512(&w[..whole], lo, hi, &mut push) };
+    } else if kernels::isa() == kernels::Isa::Avx2 && !baseline {
+        // SAFETY: `isa()` reports AVX2 only when the CPU has it.
+        unsafe { between_masks_avx2(&w[..whole], lo, hi, &mut push) };
     } else {
         between_masks(&w[..whole], lo, hi, &mut push);
     }
@@ -674,6 +785,35 @@ unsafe fn between_masks_avx512(w: &[f32], lo: f32, hi: f32, push: &mut impl FnMu
         // SAFETY: `run` holds L = 16 values.
         let x = unsafe { _mm512_loadu_ps(run.as_ptr()) };
         let mut m = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, l) & _mm512_cmp_ps_mask::<_CMP_LE_OQ>(x, h);
+        while m != 0 {
+            push(r * L + m.trailing_zeros() as usize);
+            m &= m - 1;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn between_masks_avx2(w: &[f32], lo: f32, hi: f32, push: &mut impl FnMut(usize)) {
+    use std::arch::x86_64::*;
+    let (l, h) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
+    for (r, run) in w.chunks_exact(L).enumerate() {
+        // SAFETY: `run` holds L = 16 values.
+        let (a, b) = unsafe {
+            (
+                _mm256_loadu_ps(run.as_ptr()),
+                _mm256_loadu_ps(run.as_ptr().add(8)),
+            )
+        };
+        let in_a = _mm256_and_ps(
+            _mm256_cmp_ps::<_CMP_GT_OQ>(a, l),
+            _mm256_cmp_ps::<_CMP_LE_OQ>(a, h),
+        );
+        let in_b = _mm256_and_ps(
+            _mm256_cmp_ps::<_CMP_GT_OQ>(b, l),
+            _mm256_cmp_ps::<_CMP_LE_OQ>(b, h),
+        );
+        let mut m = _mm256_movemask_ps(in_a) as u32 | (_mm256_movemask_ps(in_b) as u32) << 8;
         while m != 0 {
             push(r * L + m.trailing_zeros() as usize);
             m &= m - 1;
@@ -848,6 +988,33 @@ pub(super) mod tests {
         let baseline = run();
         BASELINE.with(|b| b.set(false));
         assert_eq!(dispatched, baseline);
+        // The AVX2 bodies too where the CPU has AVX2 (the dispatch takes AVX-512 when present).
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            let body = mass_above_levels_body(&w, &levels);
+            // SAFETY: the CPU has AVX2 (checked above).
+            let avx2 = unsafe { mass_above_levels_avx2(&w, &levels) };
+            assert_eq!(
+                (avx2.0.map(f64::to_bits), avx2.1),
+                (body.0.map(f64::to_bits), body.1)
+            );
+            let whole = r.len() / R * R;
+            for (values, cut) in [(&r, -5.0f32), (&w, f32::from_bits(1))] {
+                // SAFETY: as above.
+                let got = unsafe { count_at_least_avx2(&values[..whole], cut) };
+                let want = values[..whole]
+                    .iter()
+                    .filter(|&&x| x >= cut || x.is_nan())
+                    .count();
+                assert_eq!(got, want);
+            }
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            let whole = w.len() / L * L;
+            // SAFETY: as above.
+            unsafe { between_masks_avx2(&w[..whole], 0.01, 0.3, &mut |i| a.push(i)) };
+            between_masks(&w[..whole], 0.01, 0.3, &mut |i| b.push(i));
+            assert_eq!(a, b);
+        }
         // Against plain f64 sums and counts.
         let (mass, count, at_least, positive, ids, above) = dispatched;
         for (j, &t) in levels.iter().enumerate() {
