@@ -46,6 +46,7 @@ pub mod moe_init_routing;
 pub mod npu_sample;
 pub mod report;
 pub mod sample;
+pub mod serve;
 pub mod speculative_verify;
 pub mod threads;
 pub mod tokenize;

@@ -43,6 +43,9 @@ enum Command {
     /// Speculative-decoding verification: accept or reject a draft's tokens against the
     /// target model's rows, one request per JSON line, one JSON answer per request.
     SpeculativeVerify(nucleus_cli::speculative_verify::SpeculativeVerifyArgs),
+    /// Serve a model over an OpenAI-compatible HTTP API (completions, chat, streaming), with
+    /// continuous batching.
+    Serve(Box<nucleus_cli::serve::ServeArgs>),
     /// MoE token routing (npu_moe_init_routing_v2): one call per JSON line, one answer per call.
     MoeInitRouting(nucleus_cli::moe_init_routing::MoeInitRoutingArgs),
     /// Measure speed against named baselines on generated data.
@@ -133,6 +136,7 @@ fn main() -> ExitCode {
         Command::TopKTopPSample(a) => a.threads.explicit(),
         Command::MoeInitRouting(a) => a.threads.explicit(),
         Command::SpeculativeVerify(a) => a.threads.explicit(),
+        Command::Serve(a) => a.threads.explicit(),
         Command::Grammar(GrammarCommand::Validate(a)) => a.threads.explicit(),
         Command::Bench(BenchCommand::Sampling(a)) => Some(a.threads.max(1)),
         Command::Bench(BenchCommand::NpuSample(a)) => Some(a.threads.max(1)),
@@ -151,6 +155,7 @@ fn main() -> ExitCode {
         Command::TopKTopPSample(args) => Ok(nucleus_cli::npu_sample::command(&args)),
         Command::MoeInitRouting(args) => Ok(nucleus_cli::moe_init_routing::command(&args)),
         Command::SpeculativeVerify(args) => Ok(nucleus_cli::speculative_verify::command(&args)),
+        Command::Serve(args) => nucleus_cli::serve::run(&args),
         Command::Bench(BenchCommand::Sampling(args)) => bench_sampling(args),
         Command::Bench(BenchCommand::NpuSample(args)) => {
             nucleus_cli::bench::npu_sample::run(&args, &mut Output(std::io::stdout()))
