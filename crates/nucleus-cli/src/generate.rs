@@ -908,6 +908,8 @@ pub fn run(args: GenerateArgs) -> Result<ExitCode> {
                 ignore_eos: args.ignore_eos,
                 grammar: grammar.clone(),
                 grammar_options,
+                include_stop_str_in_output: false,
+                skip_special_tokens: true,
             })
             .map_err(|e| match e {
                 // One grammar and one set of flags for every prompt: their errors are not the

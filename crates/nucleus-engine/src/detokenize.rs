@@ -117,6 +117,9 @@ pub struct IncrementalDecoder {
     read_offset: usize,
     /// The tokenizer's byte tokens, when runs of them are decoded lossily ourselves.
     bytes: Option<Arc<ByteTokens>>,
+    /// Drop special (control) tokens from the text (the default, as vLLM's
+    /// `skip_special_tokens`).
+    skip_special: bool,
 }
 
 impl IncrementalDecoder {
@@ -128,7 +131,15 @@ impl IncrementalDecoder {
             prefix_offset: prompt_ids.len().saturating_sub(6),
             read_offset: prompt_ids.len(),
             bytes: None,
+            skip_special: true,
         }
+    }
+
+    /// Whether special (control) tokens are left out of the text (default true; vLLM's
+    /// `skip_special_tokens`).
+    pub fn skip_special_tokens(mut self, skip: bool) -> Self {
+        self.skip_special = skip;
+        self
     }
 
     /// Decodes runs of byte tokens with `from_utf8_lossy`'s replacement rule (see
@@ -159,7 +170,8 @@ impl IncrementalDecoder {
         self.emit(tokenizer, true)
     }
 
-    /// Decodes with [`ModelTokenizer::decode`] (special tokens skipped), so added tokens of a
+    /// Decodes with [`ModelTokenizer::decode`] (special tokens skipped unless
+    /// [`Self::skip_special_tokens`] said otherwise), so added tokens of a
     /// byte-level vocabulary come out as their text, as llama.cpp's `token_to_piece` gives them.
     fn emit(&mut self, tokenizer: &ModelTokenizer, flush: bool) -> Result<String> {
         if self.read_offset == self.ids.len() {
@@ -170,7 +182,7 @@ impl IncrementalDecoder {
                 Some(bytes) => bytes.lossy(ids),
                 None => Cow::Borrowed(ids),
             };
-            tokenizer.decode(&ids, true)
+            tokenizer.decode(&ids, self.skip_special)
         };
         let prefix_text = decode(&self.ids[self.prefix_offset..self.read_offset])?;
         let new_text = decode(&self.ids[self.prefix_offset..])?;
@@ -201,6 +213,8 @@ pub struct StopCheck {
     pub text: String,
     /// Whether a stop string was found (the text stops before it).
     pub stopped: bool,
+    /// The stop string found (the one that starts first; of those, the first given).
+    pub matched: Option<String>,
 }
 
 impl StopStrings {
@@ -220,14 +234,16 @@ impl StopStrings {
         let first = self
             .stops
             .iter()
-            .filter_map(|s| self.pending.find(s.as_str()))
-            .min();
-        if let Some(at) = first {
+            .filter_map(|s| self.pending.find(s.as_str()).map(|at| (at, s)))
+            .min_by_key(|&(at, _)| at);
+        if let Some((at, stop)) = first {
             let text = self.pending[..at].to_string();
+            let matched = Some(stop.clone());
             self.pending.clear();
             return StopCheck {
                 text,
                 stopped: true,
+                matched,
             };
         }
         let hold = self
@@ -242,6 +258,7 @@ impl StopStrings {
         StopCheck {
             text,
             stopped: false,
+            matched: None,
         }
     }
 

@@ -74,6 +74,12 @@ pub struct Request {
     /// Options of [`Self::grammar`]: JSON whitespace is bounded to 8 characters in a row by
     /// default.
     pub grammar_options: GrammarOptions,
+    /// End the text with the stop string that stopped it (vLLM's
+    /// `include_stop_str_in_output`; default false: the text stops before it).
+    pub include_stop_str_in_output: bool,
+    /// Leave special (control) tokens out of the text (vLLM's `skip_special_tokens`; default
+    /// true).
+    pub skip_special_tokens: bool,
 }
 
 impl Request {
@@ -89,6 +95,8 @@ impl Request {
             ignore_eos: false,
             grammar: None,
             grammar_options: GrammarOptions::default(),
+            include_stop_str_in_output: false,
+            skip_special_tokens: true,
         }
     }
 }
@@ -195,6 +203,10 @@ struct Sequence {
     stops: StopStrings,
     /// The request's stop strings (to restart [`Self::stops`] after a rollback).
     stop_strings: Vec<String>,
+    /// [`Request::include_stop_str_in_output`].
+    include_stop: bool,
+    /// [`Request::skip_special_tokens`].
+    skip_special: bool,
     /// The sample's grammar state, when the request has a grammar.
     matcher: Option<GrammarMatcher>,
     /// With mirostat: `mu` after each generated token (the sampler's
@@ -421,9 +433,12 @@ impl Engine {
                     .collect(),
                 eos_token_ids: eos_token_ids.clone(),
                 decoder: IncrementalDecoder::new(&prompt_ids)
-                    .with_byte_tokens(self.byte_tokens.clone()),
+                    .with_byte_tokens(self.byte_tokens.clone())
+                    .skip_special_tokens(request.skip_special_tokens),
                 stops: StopStrings::new(&request.stop_strings),
                 stop_strings: request.stop_strings.clone(),
+                include_stop: request.include_stop_str_in_output,
+                skip_special: request.skip_special_tokens,
                 matcher: compiled.as_ref().map(|g| g.matcher()),
             });
         }
@@ -489,7 +504,9 @@ impl Engine {
         // The cache holds every token but the last, which the next step runs through the model.
         seq.cache.truncate(total.len() - 1);
         seq.pending = vec![total[total.len() - 1]];
-        seq.decoder = IncrementalDecoder::new(&total).with_byte_tokens(self.byte_tokens.clone());
+        seq.decoder = IncrementalDecoder::new(&total)
+            .with_byte_tokens(self.byte_tokens.clone())
+            .skip_special_tokens(seq.skip_special);
         seq.stops = StopStrings::new(&seq.stop_strings);
         Ok(())
     }
@@ -727,6 +744,9 @@ fn advance(
             let check = seq.stops.push(&delta);
             text.push_str(&check.text);
             if check.stopped {
+                if seq.include_stop {
+                    text.push_str(check.matched.as_deref().unwrap_or_default());
+                }
                 return Some(FinishReason::Stop);
             }
         }
@@ -758,6 +778,9 @@ fn finish_sample(
     let check = seq.stops.push(&rest);
     text.push_str(&check.text);
     if check.stopped {
+        if seq.include_stop {
+            text.push_str(check.matched.as_deref().unwrap_or_default());
+        }
         return FinishReason::Stop;
     }
     text.push_str(&seq.stops.take_pending());

@@ -149,6 +149,8 @@ pub struct Parsed {
     pub dry_sequence_breakers: Option<Vec<String>>,
     /// `include_stop_str_in_output`.
     pub include_stop_str_in_output: bool,
+    /// `skip_special_tokens` (default true).
+    pub skip_special_tokens: bool,
 }
 
 /// Reads one body.
@@ -375,12 +377,7 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<Parsed, ApiError> {
             "echo with stream is not implemented",
         ));
     }
-    if f.bool("skip_special_tokens")? == Some(false) {
-        return Err(ApiError::not_supported(
-            "skip_special_tokens",
-            "the text always skips special tokens (false is not implemented)",
-        ));
-    }
+    let skip_special_tokens = f.bool("skip_special_tokens")?.unwrap_or(true);
     let include_stop_str_in_output = f.bool("include_stop_str_in_output")?.unwrap_or(false);
     let ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
     if let Some(u) = obj.get("user") {
@@ -481,6 +478,7 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<Parsed, ApiError> {
         model,
         dry_sequence_breakers,
         include_stop_str_in_output,
+        skip_special_tokens,
     })
 }
 
@@ -830,6 +828,8 @@ pub fn engine_requests(
             ignore_eos: parsed.ignore_eos,
             grammar: parsed.grammar.clone(),
             grammar_options: GrammarOptions::default(),
+            include_stop_str_in_output: parsed.include_stop_str_in_output,
+            skip_special_tokens: parsed.skip_special_tokens,
         })
         .collect()
 }

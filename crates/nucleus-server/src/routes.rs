@@ -428,8 +428,6 @@ async fn generate(
         logprobs: parsed.logprobs,
         prompt_tokens: infos.iter().map(|i| i.prompt_ids.len()).sum(),
         last_prompt_ids: infos.iter().map(|i| i.prompt_ids.last().copied()).collect(),
-        include_stop: parsed.include_stop_str_in_output,
-        stop: parsed.stop.clone(),
     };
     if parsed.stream {
         let stream = sse_stream(state.clone(), meta, rx, parsed.include_usage);
@@ -524,8 +522,6 @@ struct Meta {
     logprobs: Option<usize>,
     prompt_tokens: usize,
     last_prompt_ids: Vec<Option<u32>>,
-    include_stop: bool,
-    stop: Vec<String>,
 }
 
 /// One token's logprobs: its text, logprob, and the alternatives.
@@ -567,13 +563,6 @@ impl Choice {
                 self.finish = Some(finish_reason(reason));
                 if let FinishReason::Error(e) = reason {
                     self.error = Some(e.clone());
-                }
-                if meta.include_stop && matches!(reason, FinishReason::Stop) {
-                    // The engine stops before the stop string: with one stop string, it is
-                    // the one that matched.
-                    if let [only] = meta.stop.as_slice() {
-                        self.text.push_str(only);
-                    }
                 }
                 true
             }

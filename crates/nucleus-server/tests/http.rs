@@ -1,0 +1,455 @@
+//! The server over a loopback socket, driven with reqwest: every route, the OpenAI shapes,
+//! SSE, seeds alone and among concurrent requests, errors naming their field, the 503 path,
+//! API keys, and disconnects (the running count back at 0).
+//!
+//! The model is stories260K (../shared/models), a real tiny Llama with its tokenizer.
+
+use std::io::Read;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use nucleus_engine::{load_model, Device, Engine, EngineConfig, GenerationDefaults};
+use nucleus_server::{ServedModel, Server, ServerConfig};
+use serde_json::{json, Value};
+
+fn stories() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models/stories260K.gguf")
+}
+
+/// Starts a server on a free loopback port (it runs until the test process ends).
+fn start(tweak: impl FnOnce(&mut ServerConfig)) -> String {
+    let path = stories();
+    let loaded = load_model(&path, &Device::Cpu).expect("stories260K loads");
+    let context = loaded.model.config().context_length;
+    let engine = Engine::new(loaded.model, loaded.tokenizer, EngineConfig::default());
+    let mut config = ServerConfig {
+        addr: "127.0.0.1:0".parse().expect("address"),
+        served_model_name: "stories".into(),
+        max_num_seqs: 16,
+        max_queue: 256,
+        max_model_len: context,
+        max_body_bytes: 16 << 20,
+        api_key: None,
+    };
+    tweak(&mut config);
+    let server = Server::start(
+        config,
+        ServedModel {
+            engine,
+            path,
+            chat_template: None,
+            defaults: GenerationDefaults::default(),
+        },
+    )
+    .expect("server starts");
+    let (tx, rx) = std::sync::mpsc::channel::<SocketAddr>();
+    std::thread::spawn(move || {
+        server
+            .serve(move |addr| tx.send(addr).expect("report the address"))
+            .expect("serves");
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the server listens");
+    format!("http://{addr}")
+}
+
+fn client() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .expect("client")
+}
+
+fn post(base: &str, path: &str, body: &Value) -> (u16, Value) {
+    let r = client()
+        .post(format!("{base}{path}"))
+        .json(body)
+        .send()
+        .expect("answered");
+    let status = r.status().as_u16();
+    (status, r.json().unwrap_or(Value::Null))
+}
+
+fn completion_text(base: &str, body: &Value) -> String {
+    let (status, v) = post(base, "/v1/completions", body);
+    assert_eq!(status, 200, "{v}");
+    v["choices"][0]["text"]
+        .as_str()
+        .expect("a text")
+        .to_string()
+}
+
+/// The `data:` payloads of an SSE body.
+fn sse_data(body: &str) -> Vec<String> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(str::to_string)
+        .collect()
+}
+
+fn metric(base: &str, name: &str) -> f64 {
+    let text = client()
+        .get(format!("{base}/metrics"))
+        .send()
+        .expect("metrics")
+        .text()
+        .expect("text");
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{name} in\n{text}"))
+}
+
+#[test]
+fn routes_answer_with_the_openai_shapes() {
+    let base = start(|_| {});
+    let health = client()
+        .get(format!("{base}/health"))
+        .send()
+        .expect("health");
+    assert_eq!(health.status().as_u16(), 200);
+    let models: Value = client()
+        .get(format!("{base}/v1/models"))
+        .send()
+        .expect("models")
+        .json()
+        .expect("json");
+    assert_eq!(models["object"], "list");
+    assert_eq!(models["data"][0]["id"], "stories");
+
+    let prompt = "Once upon a time";
+    let (_, tok) = post(&base, "/tokenize", &json!({"prompt": prompt}));
+    let ids = tok["tokens"].as_array().expect("ids").clone();
+    assert_eq!(tok["count"], ids.len());
+    let (_, detok) = post(&base, "/detokenize", &json!({"tokens": ids}));
+    assert_eq!(detok["prompt"], prompt);
+
+    let (status, v) = post(
+        &base,
+        "/v1/completions",
+        &json!({"model": "stories", "prompt": prompt, "max_tokens": 12, "seed": 7, "logprobs": 2}),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "text_completion");
+    assert!(v["id"].as_str().expect("id").starts_with("cmpl-"));
+    let choice = &v["choices"][0];
+    assert_eq!(choice["index"], 0);
+    let usage = &v["usage"];
+    let completion = usage["completion_tokens"].as_u64().expect("count");
+    assert!((1..=12).contains(&completion));
+    assert_eq!(usage["prompt_tokens"], tok["count"]);
+    assert_eq!(
+        usage["total_tokens"].as_u64(),
+        Some(completion + tok["count"].as_u64().expect("count"))
+    );
+    if completion < 12 {
+        assert_eq!(choice["finish_reason"], "stop");
+    } else {
+        assert_eq!(choice["finish_reason"], "length");
+    }
+    let lp = &choice["logprobs"];
+    let tokens = lp["tokens"].as_array().expect("tokens");
+    assert_eq!(tokens.len() as u64, completion);
+    // The tokens spell the text, and their offsets add up.
+    let joined: String = tokens.iter().map(|t| t.as_str().expect("str")).collect();
+    assert_eq!(joined, choice["text"].as_str().expect("text"));
+    for (i, (t, top)) in lp["token_logprobs"]
+        .as_array()
+        .expect("lps")
+        .iter()
+        .zip(lp["top_logprobs"].as_array().expect("tops"))
+        .enumerate()
+    {
+        let t = t.as_f64().expect("a logprob");
+        assert!(t <= 0.0, "token {i}: {t}");
+        let top = top.as_object().expect("a dict");
+        assert!(!top.is_empty() && top.len() <= 2);
+        // The best alternative is at least as likely as the sampled token.
+        let best = top
+            .values()
+            .map(|x| x.as_f64().expect("f"))
+            .fold(f64::MIN, f64::max);
+        assert!(best >= t - 1e-9);
+    }
+
+    // Echo puts the prompt first.
+    let (_, e) = post(
+        &base,
+        "/v1/completions",
+        &json!({"prompt": prompt, "max_tokens": 4, "seed": 7, "echo": true}),
+    );
+    let echoed = e["choices"][0]["text"].as_str().expect("text");
+    let plain = completion_text(
+        &base,
+        &json!({"prompt": prompt, "max_tokens": 4, "seed": 7}),
+    );
+    assert_eq!(echoed, format!("{prompt}{plain}"));
+}
+
+#[test]
+fn streaming_gives_the_same_text_and_the_usage_chunk() {
+    let base = start(|_| {});
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 16, "seed": 11});
+    let want = completion_text(&base, &body);
+    let mut stream_body = body.clone();
+    stream_body["stream"] = json!(true);
+    stream_body["stream_options"] = json!({"include_usage": true});
+    let text = client()
+        .post(format!("{base}/v1/completions"))
+        .json(&stream_body)
+        .send()
+        .expect("stream")
+        .text()
+        .expect("body");
+    let data = sse_data(&text);
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).expect("a JSON chunk"))
+        .collect();
+    let usage = chunks.last().expect("a usage chunk");
+    assert_eq!(usage["choices"], json!([]));
+    let got: String = chunks[..chunks.len() - 1]
+        .iter()
+        .map(|c| {
+            c["choices"][0]["text"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(got, want);
+    let finishes: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"].get(0).map(|c| &c["finish_reason"]))
+        .filter(|f| !f.is_null())
+        .collect();
+    assert_eq!(finishes.len(), 1);
+    let n_tokens = usage["usage"]["completion_tokens"].as_u64().expect("count");
+    assert!((1..=16).contains(&n_tokens));
+}
+
+#[test]
+fn a_seed_gives_the_same_text_alone_and_among_16_concurrent_requests() {
+    let base = start(|_| {});
+    let body = |seed: u64| json!({"prompt": "Once upon a time", "max_tokens": 24, "seed": seed, "temperature": 1.0});
+    let alone = completion_text(&base, &body(42));
+    let texts: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..16u64)
+            .map(|i| {
+                let base = base.clone();
+                let b = body(if i == 9 { 42 } else { 1000 + i });
+                s.spawn(move || completion_text(&base, &b))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("thread"))
+            .collect()
+    });
+    assert_eq!(texts[9], alone);
+    // Other seeds give other texts (15 seeds: at least a few differ from seed 42's).
+    let differ = texts.iter().filter(|t| **t != alone).count();
+    assert!(differ >= 10, "{differ} of 16 differ from seed 42's text");
+    // n = 3 samples share one prefill; each is the stream of its sample index.
+    let (status, v) = post(
+        &base,
+        "/v1/completions",
+        &json!({"prompt": "Once upon a time", "max_tokens": 24, "seed": 42, "n": 3}),
+    );
+    assert_eq!(status, 200, "{v}");
+    let choices = v["choices"].as_array().expect("choices");
+    assert_eq!(choices.len(), 3);
+    assert_eq!(choices[0]["text"].as_str(), Some(alone.as_str()));
+    let total: u64 = v["usage"]["completion_tokens"].as_u64().expect("count");
+    assert!(total > 24, "three samples: {total} tokens");
+}
+
+#[test]
+fn bad_requests_are_400s_naming_the_field() {
+    let base = start(|c| c.max_body_bytes = 4096);
+    for (body, param) in [
+        (
+            json!({"prompt": "a", "temperature": -1}),
+            Some("temperature"),
+        ),
+        (json!({"prompt": "a", "top_p": 0}), Some("top_p")),
+        (json!({"prompt": "a", "n": 0}), Some("n")),
+        (json!({"prompt": "a", "bogus": 1}), Some("bogus")),
+        (json!({"prompt": "a", "tools": []}), Some("tools")),
+        (json!({"prompt": "a", "best_of": 2}), Some("best_of")),
+        (
+            json!({"prompt": "a", "logit_bias": {"999999": 1}}),
+            Some("logit_bias"),
+        ),
+        (json!({"prompt": [999999]}), Some("prompt")),
+        (json!({"max_tokens": 3}), Some("prompt")),
+        (
+            json!({"prompt": "a", "max_tokens": 100000}),
+            Some("max_tokens"),
+        ),
+        (
+            json!({"prompt": "a", "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no such type"}}}}),
+            Some("response_format"),
+        ),
+        (
+            json!({"prompt": "a", "structured_outputs": {"grammar": "root ::= \"a\""}}),
+            Some("structured_outputs"),
+        ),
+    ] {
+        let (status, v) = post(&base, "/v1/completions", &body);
+        assert_eq!(status, 400, "{body}: {v}");
+        assert_eq!(v["error"]["param"].as_str(), param, "{body}: {v}");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+    }
+    // Malformed JSON, a body over --max-body-bytes, a wrong model, chat without a template.
+    let r = client()
+        .post(format!("{base}/v1/completions"))
+        .header("content-type", "application/json")
+        .body("{\"prompt\":")
+        .send()
+        .expect("answered");
+    assert_eq!(r.status().as_u16(), 400);
+    let big = json!({"prompt": "a ".repeat(5000)});
+    assert_eq!(post(&base, "/v1/completions", &big).0, 400);
+    let (status, v) = post(
+        &base,
+        "/v1/completions",
+        &json!({"prompt": "a", "model": "gpt-9"}),
+    );
+    assert_eq!((status, v["error"]["param"].as_str()), (404, Some("model")));
+    let (status, _) = post(
+        &base,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(status, 400);
+    // A prompt as long as the context.
+    let base2 = start(|c| c.max_model_len = 8);
+    let (status, v) = post(
+        &base2,
+        "/v1/completions",
+        &json!({"prompt": "Once upon a time there was a little girl"}),
+    );
+    assert_eq!(
+        (status, v["error"]["param"].as_str()),
+        (400, Some("prompt")),
+        "{v}"
+    );
+}
+
+#[test]
+fn an_api_key_guards_everything_but_health_and_models() {
+    let base = start(|c| c.api_key = Some("secret".into()));
+    assert_eq!(
+        client()
+            .get(format!("{base}/health"))
+            .send()
+            .expect("r")
+            .status()
+            .as_u16(),
+        200
+    );
+    assert_eq!(
+        client()
+            .get(format!("{base}/v1/models"))
+            .send()
+            .expect("r")
+            .status()
+            .as_u16(),
+        200
+    );
+    let body = json!({"prompt": "a", "max_tokens": 2});
+    assert_eq!(post(&base, "/v1/completions", &body).0, 401);
+    let metrics = client().get(format!("{base}/metrics")).send().expect("r");
+    assert_eq!(metrics.status().as_u16(), 401);
+    let ok = client()
+        .post(format!("{base}/v1/completions"))
+        .bearer_auth("secret")
+        .json(&body)
+        .send()
+        .expect("r");
+    assert_eq!(ok.status().as_u16(), 200);
+    let wrong = client()
+        .post(format!("{base}/v1/completions"))
+        .bearer_auth("secreT")
+        .json(&body)
+        .send()
+        .expect("r");
+    assert_eq!(wrong.status().as_u16(), 401);
+}
+
+#[test]
+fn a_full_queue_refuses_with_503_and_every_request_is_answered() {
+    let base = start(|c| {
+        c.max_num_seqs = 1;
+        c.max_queue = 1;
+    });
+    let statuses: Vec<(u16, bool)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|i| {
+                let base = base.clone();
+                s.spawn(move || {
+                    let r = client()
+                        .post(format!("{base}/v1/completions"))
+                        .json(&json!({"prompt": "Once upon a time", "max_tokens": 400,
+                                      "ignore_eos": true, "seed": i}))
+                        .send()
+                        .expect("answered");
+                    let retry = r.headers().contains_key("retry-after");
+                    (r.status().as_u16(), retry)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("thread"))
+            .collect()
+    });
+    assert_eq!(statuses.len(), 8);
+    let ok = statuses.iter().filter(|s| s.0 == 200).count();
+    let refused = statuses.iter().filter(|s| s.0 == 503 && s.1).count();
+    assert_eq!(ok + refused, 8, "{statuses:?}");
+    assert!(ok >= 1 && refused >= 1, "{statuses:?}");
+    assert!(metric(&base, "nucleus:admission_rejections_total") >= refused as f64);
+}
+
+#[test]
+fn closed_streams_are_aborted_and_running_returns_to_0() {
+    let base = start(|_| {});
+    for i in 0..10 {
+        let mut r = client()
+            .post(format!("{base}/v1/completions"))
+            .json(
+                &json!({"prompt": "Once upon a time", "max_tokens": 1500, "ignore_eos": true,
+                          "stream": true, "seed": i}),
+            )
+            .send()
+            .expect("a stream");
+        assert_eq!(r.status().as_u16(), 200);
+        // The first chunk, then the connection is dropped.
+        let mut buf = [0u8; 64];
+        let n = r.read(&mut buf).expect("a first chunk");
+        assert!(n > 0);
+        drop(r);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let running = metric(&base, "nucleus:num_requests_running");
+        let waiting = metric(&base, "nucleus:num_requests_waiting");
+        if running == 0.0 && waiting == 0.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still {running} running, {waiting} waiting"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(metric(&base, "nucleus:request_aborted_total") >= 10.0);
+    // The server still answers.
+    assert!(!completion_text(&base, &json!({"prompt": "Once", "max_tokens": 3})).is_empty());
+}
