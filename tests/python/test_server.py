@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -58,6 +59,16 @@ def error_of(exc: openai.APIStatusError) -> dict:
 
 
 # --- 1. completions -------------------------------------------------------------------------
+
+def test_metrics_shape(stories):
+    with stories.http() as h:
+        r = h.get("/metrics")
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/plain")
+    for name in ("nucleus:num_requests_running", "nucleus:num_requests_waiting"):
+        assert re.search(rf'^{name}{{model_name="tiny"}} \d+$', r.text, re.M), r.text
+        assert f"# TYPE {name} gauge" in r.text
+
 
 def test_models_and_health(stories):
     models = stories.client().models.list()
@@ -195,6 +206,43 @@ def test_chat_stream_matches_non_stream(qwen3):
     assert text == whole.choices[0].message.content
     finishes = [c.choices[0].finish_reason for c in body if c.choices[0].finish_reason]
     assert finishes == [whole.choices[0].finish_reason]
+
+
+def test_stream_n_choices(stories):
+    """n > 1 streamed: each index's deltas make that choice's non-streamed text."""
+    client = stories.client()
+    args = dict(model="tiny", prompt=PROMPT, max_tokens=16, n=3, seed=21, temperature=1.0)
+    whole = client.completions.create(**args)
+    chunks = list(client.completions.create(stream=True,
+                                            stream_options={"include_usage": True}, **args))
+    assert chunks[-1].choices == []
+    assert_usage(chunks[-1].usage, whole.usage.completion_tokens)
+    texts = {i: "" for i in range(3)}
+    finishes = {}
+    for c in chunks[:-1]:
+        assert len(c.choices) == 1
+        ch = c.choices[0]
+        texts[ch.index] += ch.text
+        if ch.finish_reason:
+            assert ch.index not in finishes, "two finish reasons for one choice"
+            finishes[ch.index] = ch.finish_reason
+    assert texts == {c.index: c.text for c in whole.choices}
+    assert finishes == {c.index: c.finish_reason for c in whole.choices}
+
+
+def test_chat_stream_logprobs(qwen3):
+    client = qwen3.client()
+    args = dict(model="qwen", messages=CHAT, max_tokens=10, seed=8, temperature=1.2,
+                logprobs=True, top_logprobs=1)
+    whole = client.chat.completions.create(**args)
+    chunks = list(client.chat.completions.create(stream=True,
+                                                 stream_options={"include_usage": True}, **args))
+    entries = [e for c in chunks if c.choices and c.choices[0].logprobs
+               for e in c.choices[0].logprobs.content]
+    assert len(entries) == chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert [e.token for e in entries] == [e.token for e in whole.choices[0].logprobs.content]
+    assert [e.logprob for e in entries] == \
+        pytest.approx([e.logprob for e in whole.choices[0].logprobs.content])
 
 
 # --- 4. n > 1 ---------------------------------------------------------------------------------
@@ -510,6 +558,17 @@ def test_unknown_route(stories):
     assert set(r.json()) == {"error"}
 
 
+def test_default_body_limit_is_over_2_mib(stories):
+    """The default --max-body-bytes is 16 MiB: a 2.2 MB body is read (and then refused for its
+    prompt's length, not its size)."""
+    big = "Once upon a time. " * 125_000
+    with stories.http() as h:
+        r = h.post("/v1/completions", json={"model": "tiny", "prompt": big, "max_tokens": 2})
+    assert len(big) > 2 * 1024 * 1024
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "prompt", r.text
+
+
 @pytest.fixture(scope="module")
 def limited():
     """stories260K with a small body limit and a short context."""
@@ -658,3 +717,29 @@ def test_disconnects_free_the_engine(stories):
     # The server still answers.
     r = stories.client().completions.create(model="tiny", prompt=PROMPT, max_tokens=4)
     assert r.choices[0].text
+
+
+# --- shutdown ---------------------------------------------------------------------------------
+
+def test_sigterm_lets_a_running_request_finish():
+    s = Server(STORIES, "--served-model-name", "tiny")
+    try:
+        with httpx.Client(base_url=s.base, timeout=60.0) as h:
+            with h.stream("POST", "/v1/completions",
+                          json={"prompt": PROMPT, "max_tokens": 400, "stream": True,
+                                "ignore_eos": True, "seed": 1,
+                                "stream_options": {"include_usage": True}}) as r:
+                lines = r.iter_lines()
+                first = next(line for line in lines if line.startswith("data:"))
+                assert first.startswith("data: {")
+                s.proc.send_signal(signal.SIGTERM)
+                data = [line[len("data: "):] for line in lines if line.startswith("data:")]
+        assert data[-1] == "[DONE]", data[-3:]
+        usage = json.loads(data[-2])["usage"]
+        assert usage["completion_tokens"] == 400
+        assert s.proc.wait(20) == 0
+        # Closed: no new connections.
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{s.base}/health", timeout=2.0)
+    finally:
+        s.stop()
