@@ -98,6 +98,25 @@ def test_completion_usage(stories):
             assert r.usage.completion_tokens == max_tokens
 
 
+def test_greedy_known_output(stories):
+    """stories260K's greedy text from BOS alone (shared/models/README.md)."""
+    r = stories.client().completions.create(model="tiny", prompt=[1], max_tokens=60,
+                                            temperature=0)
+    assert r.choices[0].text == (
+        "Once upon a time, there was a little girl named Lily. She loved to play outside in "
+        "the park. One day, she saw a big, red ball. She wanted to play with it, but it was "
+        "too high")
+    assert r.choices[0].finish_reason == "length"
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (1, 60)
+
+
+def test_no_seed_is_random(stories):
+    client = stories.client()
+    texts = {client.completions.create(model="tiny", prompt=PROMPT, max_tokens=24,
+                                       temperature=1.0).choices[0].text for _ in range(4)}
+    assert len(texts) > 1, f"four unseeded requests at temperature 1 gave one text: {texts}"
+
+
 def test_prompt_as_token_ids_and_echo(stories):
     client = stories.client()
     ids = tokenize(stories, prompt=PROMPT)["tokens"]
@@ -325,6 +344,23 @@ def test_completion_logprobs_text_offset_non_ascii(qwen3):
         f"(OpenAI and vLLM count characters): got {lp.text_offset}, expected {expected}")
 
 
+def test_completion_logprobs_with_echo(stories):
+    """With echo the text starts with the prompt: text_offset must still index the returned
+    text (OpenAI and vLLM also list the prompt's tokens, the first with a null logprob)."""
+    r = stories.client().completions.create(model="tiny", prompt=PROMPT, max_tokens=6, seed=2,
+                                            temperature=1.0, logprobs=1, echo=True)
+    c = r.choices[0]
+    assert c.text.startswith(PROMPT)
+    lp = c.logprobs
+    wrong = [(tok, off, c.text[off:off + len(tok)])
+             for tok, off in zip(lp.tokens, lp.text_offset)
+             if c.text[off:off + len(tok)] != tok]
+    assert not wrong, (
+        "SERVER BUG: with echo, logprobs.text_offset does not index the returned text (the "
+        f"offsets start at 0, before the echoed prompt): text {c.text!r}, "
+        f"(token, offset, text there): {wrong}")
+
+
 def test_chat_logprobs(qwen3):
     client = qwen3.client()
     r = client.chat.completions.create(model="qwen", messages=CHAT, max_tokens=12, seed=4,
@@ -493,6 +529,29 @@ def test_stop_string_streamed(stories):
     chunks = list(client.completions.create(stream=True, **args))
     assert "".join(c.choices[0].text for c in chunks) == whole.text
     assert chunks[-1].choices[0].finish_reason == whole.finish_reason
+
+
+def test_stop_token_ids(stories):
+    client = stories.client()
+    there = tokenize(stories, prompt=", there", add_special_tokens=False)["tokens"][-1]
+    with stories.http() as h:
+        assert h.post("/detokenize", json={"tokens": [there]}).json()["prompt"].strip() == \
+            "there"
+    args = dict(model="tiny", prompt=PROMPT, max_tokens=24, temperature=1.0)
+    checked = 0
+    for seed in range(4):
+        free = client.completions.create(seed=seed, logprobs=0, **args).choices[0]
+        cut = client.completions.create(seed=seed, logprobs=0,
+                                        extra_body={"stop_token_ids": [there]}, **args)
+        c = cut.choices[0]
+        if " there" in free.logprobs.tokens:
+            checked += 1
+            at = free.logprobs.tokens.index(" there")
+            # The engine's contract: the stop token ends the sample and is not in the text.
+            assert c.finish_reason == "stop"
+            assert c.text == "".join(free.logprobs.tokens[:at])
+            assert cut.usage.completion_tokens == at + 1
+    assert checked >= 2, "too few seeds wrote ` there`"
 
 
 # --- 9. errors --------------------------------------------------------------------------------
