@@ -140,6 +140,8 @@ class Server:
         binary = nucleus_bin()
         if not binary.is_file():
             pytest.fail(f"no nucleus binary at {binary} (build it, or set NUCLEUS_BIN)")
+        if not Path(model).exists():
+            pytest.fail(f"no model at {model} (the models live in <repo>/../shared/models)")
         self.cmd = [str(binary), "serve", "--model", str(model), "--port", "0",
                     "--threads", "1", *args]
         env = dict(os.environ)

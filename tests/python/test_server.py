@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -58,7 +59,7 @@ def error_of(exc: openai.APIStatusError) -> dict:
     return body["error"]
 
 
-# --- 1. completions -------------------------------------------------------------------------
+# --- basics ---------------------------------------------------------------------------------
 
 def test_metrics_shape(stories):
     with stories.http() as h:
@@ -77,6 +78,8 @@ def test_models_and_health(stories):
         r = h.get("/health")
     assert r.status_code == 200
 
+
+# --- 1. completions -------------------------------------------------------------------------
 
 def test_completion_usage(stories):
     client = stories.client()
@@ -307,8 +310,10 @@ def test_completion_logprobs(stories):
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == k
     assert len(lp.text_offset) == k
     assert all(x <= 0.0 for x in lp.token_logprobs), lp.token_logprobs
-    for top in lp.top_logprobs:
-        assert 1 <= len(top) <= 3, top
+    for tok, val, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        # The 3 best and the sampled token (vLLM's form: up to logprobs + 1 entries).
+        assert 3 <= len(top) <= 4, top
+        assert top[tok] == pytest.approx(val), (tok, top)
         assert all(v <= 0.0 for v in top.values()), top
     assert "".join(lp.tokens) == r.choices[0].text
     # text_offset: where each token's text starts in the completion (OpenAI counts characters).
@@ -344,21 +349,15 @@ def test_completion_logprobs_text_offset_non_ascii(qwen3):
         f"(OpenAI and vLLM count characters): got {lp.text_offset}, expected {expected}")
 
 
-def test_completion_logprobs_with_echo(stories):
-    """With echo the text starts with the prompt: text_offset must still index the returned
-    text (OpenAI and vLLM also list the prompt's tokens, the first with a null logprob)."""
-    r = stories.client().completions.create(model="tiny", prompt=PROMPT, max_tokens=6, seed=2,
+def test_completion_logprobs_with_echo_is_refused(stories):
+    """echo with logprobs would need the prompt's log-probabilities (OpenAI and vLLM list the
+    prompt's tokens too), which nucleus does not compute: a 400 not_supported, not an object
+    whose tokens and offsets miss the echoed prompt."""
+    with pytest.raises(openai.BadRequestError) as e:
+        stories.client().completions.create(model="tiny", prompt=PROMPT, max_tokens=6, seed=2,
                                             temperature=1.0, logprobs=1, echo=True)
-    c = r.choices[0]
-    assert c.text.startswith(PROMPT)
-    lp = c.logprobs
-    wrong = [(tok, off, c.text[off:off + len(tok)])
-             for tok, off in zip(lp.tokens, lp.text_offset)
-             if c.text[off:off + len(tok)] != tok]
-    assert not wrong, (
-        "SERVER BUG: with echo, logprobs.text_offset does not index the returned text (the "
-        f"offsets start at 0, before the echoed prompt): text {c.text!r}, "
-        f"(token, offset, text there): {wrong}")
+    assert e.value.code == "not_supported"
+    assert e.value.param == "echo"
 
 
 def test_chat_logprobs(qwen3):
@@ -720,6 +719,7 @@ def test_queue_full_503(tight):
                                           seed=i, extra_body={"ignore_eos": True})
             return ("ok", r.usage.completion_tokens, None)
         except openai.APIStatusError as e:
+            assert error_of(e)["type"] == "unavailable_error", e.response.text
             return ("error", e.status_code, e.response.headers.get("retry-after"))
 
     with ThreadPoolExecutor(total) as pool:
@@ -732,6 +732,56 @@ def test_queue_full_503(tight):
     assert len(ok) >= 1 and len(refused) >= 1, results
     assert len(ok) + len(refused) == total
     assert metric(tight, "nucleus:admission_rejections_total") - rejected_before == len(refused)
+
+
+def raw_request(server: Server, body: dict) -> socket.socket:
+    """A POST /v1/completions sent on a bare socket (to hang up on it at a chosen moment)."""
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    data = json.dumps(body).encode()
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                 % len(data) + data)
+    return sock
+
+
+def wait_for(server: Server, want: dict[str, float], within_s: float = 5.0) -> dict:
+    deadline = time.monotonic() + within_s
+    while True:
+        got = {k: metric(server, k) for k in want}
+        if got == want or time.monotonic() > deadline:
+            return got
+        time.sleep(0.05)
+
+
+def test_hang_up_while_waiting_and_running(tight):
+    """On the one-seat server: a running request and a waiting one; the waiting client hangs
+    up (it leaves the queue), then the running one (it leaves the engine); the two places
+    are free again afterwards."""
+    running, waiting = "nucleus:num_requests_running", "nucleus:num_requests_waiting"
+    aborted_before = metric(tight, "nucleus:request_aborted_total")
+    long = {"model": "tiny", "prompt": PROMPT, "max_tokens": 2000, "ignore_eos": True}
+    a = raw_request(tight, long)
+    try:
+        assert wait_for(tight, {running: 1, waiting: 0}) == {running: 1, waiting: 0}
+        b = raw_request(tight, long)
+        try:
+            assert wait_for(tight, {running: 1, waiting: 1}) == {running: 1, waiting: 1}
+        finally:
+            b.close()
+        assert wait_for(tight, {running: 1, waiting: 0}) == {running: 1, waiting: 0}, \
+            "the waiting request stayed queued after its client hung up"
+    finally:
+        a.close()
+    assert wait_for(tight, {running: 0, waiting: 0}) == {running: 0, waiting: 0}, \
+        "the running (non-streamed) request stayed in the engine after its client hung up"
+    assert metric(tight, "nucleus:request_aborted_total") - aborted_before == 2
+    # Both places are free: two requests at once are both served.
+    client = tight.client()
+    with ThreadPoolExecutor(2) as pool:
+        rs = list(pool.map(lambda i: client.completions.create(
+            model="tiny", prompt=PROMPT, max_tokens=50, seed=i,
+            extra_body={"ignore_eos": True}), range(2)))
+    assert [r.usage.completion_tokens for r in rs] == [50, 50]
 
 
 # --- 11. disconnects --------------------------------------------------------------------------

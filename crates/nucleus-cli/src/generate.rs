@@ -910,6 +910,7 @@ pub fn run(args: GenerateArgs) -> Result<ExitCode> {
                 grammar_options,
                 include_stop_str_in_output: false,
                 skip_special_tokens: true,
+                chain: None,
             })
             .map_err(|e| match e {
                 // One grammar and one set of flags for every prompt: their errors are not the

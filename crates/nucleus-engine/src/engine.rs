@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nucleus_grammar::{GrammarCompiler, GrammarMatcher, GrammarOptions, GrammarSpec, TokenEnv};
+use nucleus_sampling::chain::{ProcessorContext, SamplerChain, Selection};
 use nucleus_sampling::{
     bitmask_words, os_seed, sample_batch, LogitsView, SampleRequest, SamplingParams,
 };
@@ -80,6 +81,13 @@ pub struct Request {
     /// Leave special (control) tokens out of the text (vLLM's `skip_special_tokens`; default
     /// true).
     pub skip_special_tokens: bool,
+    /// Sample with this processor chain instead of [`Self::params`]' fixed order (llama.cpp's
+    /// custom sampler order). `params` still gives the seed (a selection without one takes
+    /// the request's), `min_tokens` is the chain's to apply, and the grammar's bitmask and the
+    /// stop ids reach the chain through its context. The chain's selection must draw one
+    /// sample (`n == 1`; [`Self::n`] forks the samples). Each sample gets its own clone, reset
+    /// with the prompt and told every committed token. Not with [`Engine::rollback`].
+    pub chain: Option<SamplerChain>,
 }
 
 impl Request {
@@ -97,6 +105,7 @@ impl Request {
             grammar_options: GrammarOptions::default(),
             include_stop_str_in_output: false,
             skip_special_tokens: true,
+            chain: None,
         }
     }
 }
@@ -207,6 +216,8 @@ struct Sequence {
     include_stop: bool,
     /// [`Request::skip_special_tokens`].
     skip_special: bool,
+    /// [`Request::chain`], this sample's own clone.
+    chain: Option<SamplerChain>,
     /// The sample's grammar state, when the request has a grammar.
     matcher: Option<GrammarMatcher>,
     /// With mirostat: `mu` after each generated token (the sampler's
@@ -401,6 +412,21 @@ impl Engine {
             None => os_seed()?,
         };
         params.seed = Some(seed);
+        let chain = match &request.chain {
+            Some(chain) => {
+                let n = chain.selection().n();
+                if n != 1 {
+                    return invalid(format!(
+                        "the chain's selection draws {n} samples: it must draw 1 (set Request::n)"
+                    ));
+                }
+                let mut chain = chain.clone();
+                chain.set_selection(with_seed(*chain.selection(), seed));
+                chain.reset(&prompt_ids);
+                Some(chain)
+            }
+            None => None,
+        };
         let request_id = self.next_request_id;
         self.next_request_id += 1;
         let prompt = std::sync::Arc::new(prompt_ids.clone());
@@ -439,6 +465,7 @@ impl Engine {
                 stop_strings: request.stop_strings.clone(),
                 include_stop: request.include_stop_str_in_output,
                 skip_special: request.skip_special_tokens,
+                chain: chain.clone(),
                 matcher: compiled.as_ref().map(|g| g.matcher()),
             });
         }
@@ -489,6 +516,12 @@ impl Engine {
         }
         if n == 0 {
             return Ok(());
+        }
+        if seq.chain.is_some() {
+            return Err(EngineError::InvalidRequest(format!(
+                "sample {sample_index} of request {request_id} samples with a chain, whose \
+                 processors' state cannot be rolled back"
+            )));
         }
         if let Some(m) = &mut seq.matcher {
             m.rollback(n)?;
@@ -620,9 +653,26 @@ impl Engine {
         }
         let view = LogitsView::new(&batch, rows.len(), row_len, row_len, self.vocab_size)
             .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
-        let requests: Vec<SampleRequest<'_>> = rows
+        // Rows sampled by a chain are sampled one by one below; the others in one batch.
+        let plain: Vec<usize> = (0..rows.len())
+            .filter(|&r| self.seqs[rows[r].0].chain.is_none())
+            .collect();
+        let plain_batch;
+        let view = if plain.len() == rows.len() {
+            view
+        } else {
+            let mut b = Vec::with_capacity(plain.len() * row_len);
+            for &r in &plain {
+                b.extend_from_slice(&batch[r * row_len..(r + 1) * row_len]);
+            }
+            plain_batch = b;
+            LogitsView::new(&plain_batch, plain.len(), row_len, row_len, self.vocab_size)
+                .map_err(|e| EngineError::InvalidRequest(e.to_string()))?
+        };
+        let requests: Vec<SampleRequest<'_>> = plain
             .iter()
-            .map(|&(k, _)| {
+            .map(|&r| rows[r])
+            .map(|(k, _)| {
                 let s = &self.seqs[k];
                 SampleRequest {
                     params: &s.params,
@@ -636,9 +686,35 @@ impl Engine {
                 }
             })
             .collect();
-        let sampled = sample_batch(&view, &requests)
-            .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
+        let sampled_plain = if plain.is_empty() {
+            Vec::new()
+        } else {
+            sample_batch(&view, &requests)
+                .map_err(|e| EngineError::InvalidRequest(e.to_string()))?
+        };
         drop(requests);
+        let mut sampled_plain = sampled_plain.into_iter();
+        let vocab = self.vocab_size;
+        let sampled: Vec<_> = rows
+            .iter()
+            .enumerate()
+            .map(|(r, &(k, _))| {
+                let seq = &mut self.seqs[k];
+                let Some(chain) = seq.chain.as_mut() else {
+                    return sampled_plain
+                        .next()
+                        .unwrap_or(Err(nucleus_sampling::SampleError::NoCandidates));
+                };
+                let position = (seq.prompt_ids.len() + seq.output_ids.len()) as u64;
+                let mut ctx = ProcessorContext::new(&seq.prompt_ids, &seq.output_ids, position)
+                    .with_stop_token_ids(&seq.end_ids);
+                if let Some(g) = grammar_slot[k] {
+                    ctx = ctx.with_token_bitmask(&masks[g * words..(g + 1) * words]);
+                }
+                let row = &batch[r * row_len..r * row_len + vocab];
+                chain.sample(row, &ctx, seq.sample_index)
+            })
+            .collect();
 
         let context = self.model.config().context_length;
         let mut outputs = Vec::with_capacity(rows.len());
@@ -678,6 +754,9 @@ impl Engine {
                         out.logprob = s.logprob;
                         out.logprobs = s.logprobs;
                         seq.output_ids.push(s.token);
+                        if let Some(chain) = &mut seq.chain {
+                            chain.accept(s.token);
+                        }
                         if let Some(mu) = s.mirostat_mu {
                             seq.mirostat_mus.push(mu);
                         }
@@ -785,4 +864,69 @@ fn finish_sample(
     }
     text.push_str(&seq.stops.take_pending());
     reason
+}
+
+/// `selection` drawing from the stream of `seed` when it has no seed of its own.
+fn with_seed(selection: Selection, seed: u64) -> Selection {
+    match selection {
+        Selection::Sample {
+            seed: None,
+            n,
+            logprobs,
+            logprobs_kind,
+        } => Selection::Sample {
+            seed: Some(seed),
+            n,
+            logprobs,
+            logprobs_kind,
+        },
+        Selection::Mirostat {
+            tau,
+            eta,
+            m,
+            seed: None,
+            n,
+            logprobs,
+            logprobs_kind,
+        } => Selection::Mirostat {
+            tau,
+            eta,
+            m,
+            seed: Some(seed),
+            n,
+            logprobs,
+            logprobs_kind,
+        },
+        Selection::MirostatV2 {
+            tau,
+            eta,
+            seed: None,
+            n,
+            logprobs,
+            logprobs_kind,
+        } => Selection::MirostatV2 {
+            tau,
+            eta,
+            seed: Some(seed),
+            n,
+            logprobs,
+            logprobs_kind,
+        },
+        Selection::AdaptiveP {
+            target,
+            decay,
+            seed: None,
+            n,
+            logprobs,
+            logprobs_kind,
+        } => Selection::AdaptiveP {
+            target,
+            decay,
+            seed: Some(seed),
+            n,
+            logprobs,
+            logprobs_kind,
+        },
+        other => other,
+    }
 }

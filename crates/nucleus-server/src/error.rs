@@ -6,7 +6,7 @@ use serde_json::json;
 
 /// An answer that is not a success: the status, the OpenAI error body's `type`, `message`,
 /// `param` (the request field at fault, when one is) and `code` (a short machine-readable
-/// name; the status number when none is more precise).
+/// name, or null).
 #[derive(Clone, Debug)]
 pub struct ApiError {
     /// The HTTP status.
@@ -18,7 +18,7 @@ pub struct ApiError {
     pub message: String,
     /// `error.param`: the field at fault.
     pub param: Option<String>,
-    /// `error.code`.
+    /// `error.code`: a short machine-readable name (OpenAI's is a string or null).
     pub code: Option<String>,
 }
 
@@ -95,7 +95,7 @@ impl ApiError {
             "message": self.message,
             "type": self.kind,
             "param": self.param,
-            "code": self.code.clone().map_or_else(|| json!(self.status.as_u16()), |c| json!(c)),
+            "code": self.code,
         }})
     }
 }

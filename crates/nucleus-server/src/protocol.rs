@@ -151,6 +151,8 @@ pub struct Parsed {
     pub include_stop_str_in_output: bool,
     /// `skip_special_tokens` (default true).
     pub skip_special_tokens: bool,
+    /// llama.cpp's `samplers`: the order of the filters, canonical names.
+    pub samplers: Option<Vec<&'static str>>,
 }
 
 /// Reads one body.
@@ -185,14 +187,10 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<Parsed, ApiError> {
     }
     let f = Fields(obj);
     let base = SamplingParams::default();
-    if let Some(v) = obj.get("samplers").filter(|v| !v.is_null()) {
-        let _ = v;
-        return Err(ApiError::not_supported(
-            "samplers",
-            "a custom sampler order is not implemented in the server yet; the fixed order of \
-             spec/sampling.md applies",
-        ));
-    }
+    let samplers = match obj.get("samplers").filter(|v| !v.is_null()) {
+        None => None,
+        Some(v) => Some(sampler_order(v)?),
+    };
     let mut params = SamplingParams {
         temperature: f.f64("temperature")?.unwrap_or(base.temperature),
         top_p: f.f64("top_p")?.unwrap_or(base.top_p),
@@ -371,6 +369,12 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<Parsed, ApiError> {
         params.logprobs_kind = LogprobsKind::Raw;
     }
     let echo = f.bool("echo")?.unwrap_or(false);
+    if echo && logprobs.is_some() {
+        return Err(ApiError::not_supported(
+            "echo",
+            "echo with logprobs needs the prompt's log-probabilities, which are not computed",
+        ));
+    }
     if echo && stream {
         return Err(ApiError::not_supported(
             "echo",
@@ -445,6 +449,12 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<Parsed, ApiError> {
                 .filter(|v| !v.is_null())
                 .cloned()
                 .ok_or_else(|| ApiError::bad_request("messages is required", Some("messages")))?;
+            if messages.as_array().is_some_and(Vec::is_empty) {
+                return Err(ApiError::bad_request(
+                    "messages is empty: give at least one message",
+                    Some("messages"),
+                ));
+            }
             let kwargs = match obj.get("chat_template_kwargs") {
                 None | Some(Value::Null) => Map::new(),
                 Some(Value::Object(o)) => o.clone(),
@@ -479,7 +489,200 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<Parsed, ApiError> {
         dry_sequence_breakers,
         include_stop_str_in_output,
         skip_special_tokens,
+        samplers,
     })
+}
+
+/// llama.cpp's sampler names (`common/sampling.cpp`, `common_sampler_types_from_names`,
+/// with its aliases) -> the canonical name.
+const SAMPLER_NAMES: &[(&str, &str)] = &[
+    ("penalties", "penalties"),
+    ("dry", "dry"),
+    ("top_n_sigma", "top_n_sigma"),
+    ("top-n-sigma", "top_n_sigma"),
+    ("top_k", "top_k"),
+    ("top-k", "top_k"),
+    ("typ_p", "typ_p"),
+    ("typ-p", "typ_p"),
+    ("typ", "typ_p"),
+    ("typical_p", "typ_p"),
+    ("typical-p", "typ_p"),
+    ("typical", "typ_p"),
+    ("top_p", "top_p"),
+    ("top-p", "top_p"),
+    ("nucleus", "top_p"),
+    ("min_p", "min_p"),
+    ("min-p", "min_p"),
+    ("xtc", "xtc"),
+    ("temperature", "temperature"),
+    ("temp", "temperature"),
+];
+
+/// `samplers`: a list of llama.cpp sampler names (or one string of them separated by `;`),
+/// each at most once.
+fn sampler_order(v: &Value) -> Result<Vec<&'static str>, ApiError> {
+    let bad = |m: String| ApiError::bad_request(m, Some("samplers"));
+    let names: Vec<String> = match v {
+        Value::String(s) => s.split(';').map(str::to_string).collect(),
+        Value::Array(a) => a
+            .iter()
+            .map(|x| x.as_str().map(str::to_string))
+            .collect::<Option<_>>()
+            .ok_or_else(|| bad("samplers must be a list of sampler names".into()))?,
+        _ => return Err(bad("samplers must be a list of sampler names".into())),
+    };
+    let mut out: Vec<&'static str> = Vec::new();
+    for name in names {
+        let Some(&(_, canonical)) = SAMPLER_NAMES.iter().find(|(n, _)| *n == name) else {
+            if name == "infill" {
+                return Err(ApiError::not_supported(
+                    "samplers",
+                    "the infill sampler is not implemented",
+                ));
+            }
+            return Err(bad(format!(
+                "unknown sampler {name:?}: known are penalties, dry, top_n_sigma, top_k, \
+                 typ_p, top_p, min_p, xtc, temperature (llama.cpp's names)"
+            )));
+        };
+        if out.contains(&canonical) {
+            return Err(bad(format!("sampler {canonical:?} is given twice")));
+        }
+        out.push(canonical);
+    }
+    Ok(out)
+}
+
+/// The processor chain of a request with `samplers`: logit bias and `min_tokens` first (as
+/// llama.cpp applies the bias before its samplers), then each named sampler, in order, with
+/// the request's values (one that is off adds nothing), then the selection: greedy at
+/// temperature 0, mirostat 1 / 2 when set (llama.cpp's mirostat replaces the tail of its
+/// chain), else a draw from the request's stream. `dry_breakers` are the DRY sequence
+/// breakers as token ids.
+///
+/// # Errors
+/// A 400 naming `samplers` when a field has no place in the order (fixed-path only:
+/// `epsilon_cutoff`, `eta_cutoff`, `no_repeat_ngram_size`) or the chain is refused.
+pub fn sampler_chain(
+    params: &SamplingParams,
+    order: &[&str],
+    dry_breakers: &[Vec<u32>],
+) -> Result<nucleus_sampling::chain::SamplerChain, ApiError> {
+    use serde_json::json;
+    let bad = |m: String| ApiError::bad_request(m, Some("samplers"));
+    for (set, field) in [
+        (params.epsilon_cutoff > 0.0, "epsilon_cutoff"),
+        (params.eta_cutoff > 0.0, "eta_cutoff"),
+        (params.no_repeat_ngram_size > 0, "no_repeat_ngram_size"),
+    ] {
+        if set {
+            return Err(bad(format!(
+                "{field} has no place in a samplers order (llama.cpp has no such sampler); \
+                 leave samplers out to use the fixed order"
+            )));
+        }
+    }
+    let mut configs: Vec<Value> = Vec::new();
+    if !params.logit_bias.is_empty() {
+        let bias: Map<String, Value> = params
+            .logit_bias
+            .iter()
+            .map(|(id, b)| (id.to_string(), json!(b)))
+            .collect();
+        configs.push(json!({"logit_bias": {"bias": bias}}));
+    }
+    if params.min_tokens > 0 {
+        configs.push(json!({"min_tokens": {"min_tokens": params.min_tokens}}));
+    }
+    let min_keep = params.min_keep;
+    let greedy = params.is_greedy();
+    for &name in order {
+        match name {
+            "penalties" => {
+                if params.repetition_penalty != 1.0 {
+                    configs.push(
+                        json!({"repetition_penalty": {"penalty": params.repetition_penalty}}),
+                    );
+                }
+                if params.frequency_penalty != 0.0 {
+                    configs
+                        .push(json!({"frequency_penalty": {"penalty": params.frequency_penalty}}));
+                }
+                if params.presence_penalty != 0.0 {
+                    configs.push(json!({"presence_penalty": {"penalty": params.presence_penalty}}));
+                }
+            }
+            "dry" if params.dry_multiplier > 0.0 => configs.push(json!({"dry": {
+                "multiplier": params.dry_multiplier, "base": params.dry_base,
+                "allowed_length": params.dry_allowed_length,
+                "penalty_last_n": params.dry_penalty_last_n,
+                "sequence_breakers": dry_breakers,
+            }})),
+            "top_n_sigma" if params.top_n_sigma > 0.0 => {
+                configs.push(json!({"top_n_sigma": {"n": params.top_n_sigma}}))
+            }
+            "top_k" if params.top_k > 0 => {
+                configs.push(json!({"top_k": {"k": params.top_k, "min_keep": min_keep}}))
+            }
+            "typ_p" if params.typical_p < 1.0 => {
+                configs.push(json!({"typical": {"p": params.typical_p, "min_keep": min_keep}}))
+            }
+            "top_p" if params.top_p < 1.0 => {
+                configs.push(json!({"top_p": {"p": params.top_p, "min_keep": min_keep}}))
+            }
+            "min_p" if params.min_p > 0.0 => {
+                configs.push(json!({"min_p": {"p": params.min_p, "min_keep": min_keep}}))
+            }
+            "xtc" if params.xtc_probability > 0.0 => configs.push(json!({"xtc": {
+                "threshold": params.xtc_threshold, "probability": params.xtc_probability,
+                "min_keep": min_keep,
+            }})),
+            "temperature" if !greedy => {
+                if params.dynatemp_range > 0.0 {
+                    configs.push(json!({"dynatemp": {"t": params.temperature,
+                        "range": params.dynatemp_range, "exponent": params.dynatemp_exponent}}));
+                } else if params.temperature != 1.0 {
+                    configs.push(json!({"temperature": {"t": params.temperature}}));
+                }
+            }
+            _ => {}
+        }
+    }
+    let kind = match params.logprobs_kind {
+        LogprobsKind::Raw => "raw",
+        LogprobsKind::Processed => "processed",
+    };
+    let mut selection = if greedy {
+        json!({"greedy": {}})
+    } else {
+        match params.mirostat {
+            1 => json!({"mirostat": {"tau": params.mirostat_tau, "eta": params.mirostat_eta}}),
+            2 => json!({"mirostat_v2": {"tau": params.mirostat_tau, "eta": params.mirostat_eta}}),
+            _ => json!({"sample": {}}),
+        }
+    };
+    if let Some(Value::Object(sel)) = selection
+        .as_object_mut()
+        .and_then(|o| o.values_mut().next())
+    {
+        if let Some(k) = params.logprobs {
+            sel.insert("logprobs".into(), json!(k));
+            sel.insert("logprobs_kind".into(), json!(kind));
+        }
+        if !greedy {
+            if let Some(seed) = params.seed {
+                sel.insert("seed".into(), json!(seed));
+            }
+        }
+    }
+    configs.push(selection);
+    let configs: Vec<nucleus_sampling::chain::ProcessorConfig> = configs
+        .into_iter()
+        .map(serde_json::from_value)
+        .collect::<Result<_, _>>()
+        .map_err(|e| bad(format!("building the chain: {e}")))?;
+    nucleus_sampling::chain::SamplerChain::from_config(&configs)
+        .map_err(|e| bad(format!("the samplers' chain: {e}")))
 }
 
 /// The field a [`SamplingParams::validate`] message names (its first word).
@@ -807,16 +1010,35 @@ impl Fields<'_> {
 
 /// The engine requests of a parsed body: one per prompt, every one with the same
 /// parameters; `prompts` the token ids, `max_tokens` per prompt resolved by the caller.
+///
+/// # Errors
+/// A 400 naming `samplers` when its chain cannot be built ([`sampler_chain`]).
 pub fn engine_requests(
     parsed: &Parsed,
     prompts: Vec<(Vec<u32>, usize)>,
     dry_sequence_breakers: Option<Vec<Vec<u32>>>,
-) -> Vec<Request> {
+) -> Result<Vec<Request>, ApiError> {
     let mut params = parsed.params.clone();
     if let Some(b) = dry_sequence_breakers {
         params.dry_sequence_breakers = b;
     }
-    prompts
+    let chain = match &parsed.samplers {
+        Some(order) => {
+            // The chain draws from the request's stream: its seed is fixed here.
+            if params.seed.is_none() {
+                params.seed = Some(nucleus_sampling::os_seed().map_err(|e| {
+                    ApiError::internal(format!("no seed could be drawn from the OS: {e}"))
+                })?);
+            }
+            Some(sampler_chain(
+                &params,
+                order,
+                &params.dry_sequence_breakers,
+            )?)
+        }
+        None => None,
+    };
+    Ok(prompts
         .into_iter()
         .map(|(ids, max_tokens)| Request {
             prompt: Prompt::Tokens(ids),
@@ -830,8 +1052,9 @@ pub fn engine_requests(
             grammar_options: GrammarOptions::default(),
             include_stop_str_in_output: parsed.include_stop_str_in_output,
             skip_special_tokens: parsed.skip_special_tokens,
+            chain: chain.clone(),
         })
-        .collect()
+        .collect())
 }
 
 #[cfg(test)]

@@ -377,7 +377,20 @@ async fn generate(
         }
         _ => None,
     };
-    let requests = protocol::engine_requests(&parsed, with_max, breakers);
+    let requests = protocol::engine_requests(&parsed, with_max, breakers)?;
+    let samples = prompts.len() * parsed.n;
+    if samples > state.config.max_num_seqs {
+        return Err(ApiError::bad_request(
+            format!(
+                "the request asks for {samples} sequences ({} prompts, n = {}); this server runs \
+                 at most --max-num-seqs {} at once",
+                prompts.len(),
+                parsed.n,
+                state.config.max_num_seqs
+            ),
+            Some("n"),
+        ));
+    }
 
     // Admission: at most max_num_seqs running and max_queue waiting.
     let capacity = state.config.max_num_seqs + state.config.max_queue;
@@ -618,13 +631,16 @@ fn finite(x: f64) -> f64 {
     }
 }
 
-/// The legacy completions logprobs object; `offset` is where the first token's text starts.
+/// The legacy completions logprobs object; `offset` is where the first token's text starts,
+/// in characters (OpenAI's and vLLM's `text_offset` count characters, not bytes). Each
+/// `top_logprobs` entry holds the sampled token too, as vLLM's does (up to `logprobs + 1`
+/// entries).
 fn completion_logprobs(lps: &[TokenLp], offset: usize) -> Value {
     let mut text_offset = Vec::with_capacity(lps.len());
     let mut at = offset;
     for t in lps {
         text_offset.push(at);
-        at += t.token.len();
+        at += t.token.chars().count();
     }
     json!({
         "tokens": lps.iter().map(|t| t.token.clone()).collect::<Vec<_>>(),
@@ -634,6 +650,7 @@ fn completion_logprobs(lps: &[TokenLp], offset: usize) -> Value {
             for (s, l) in &t.top {
                 m.entry(s.clone()).or_insert(json!(finite(*l)));
             }
+            m.entry(t.token.clone()).or_insert(json!(finite(t.logprob)));
             Value::Object(m)
         }).collect::<Vec<_>>(),
         "text_offset": text_offset,
@@ -723,6 +740,7 @@ fn sse_stream(
                 let state = s.state.clone();
                 let c = s.choices.entry(index).or_default();
                 let (text_before, lps_before) = (c.text.len(), c.logprobs.len());
+                let chars_before = c.text.chars().count();
                 let finished = c.push(&state, &s.meta, prompt, &output);
                 if output.token.is_some() {
                     s.completion_tokens += 1;
@@ -730,7 +748,7 @@ fn sse_stream(
                 let delta_text = c.text[text_before..].to_string();
                 let new_lps = c.logprobs[lps_before..].to_vec();
                 let lp = s.meta.logprobs.map(|_| match s.meta.endpoint {
-                    Endpoint::Completions => completion_logprobs(&new_lps, text_before),
+                    Endpoint::Completions => completion_logprobs(&new_lps, chars_before),
                     Endpoint::Chat => chat_logprobs(&new_lps),
                 });
                 let finish = if finished { c.finish } else { None };

@@ -73,6 +73,8 @@ struct Active {
     prompts: Vec<u64>,
     /// Samples not finished yet.
     open: usize,
+    /// The job's samples (`n` per prompt): its share of `max_num_seqs`.
+    samples: usize,
     arrived: Instant,
     /// When each sample's last token came (inter-token latency), by (prompt, sample).
     last_token: HashMap<(usize, u32), Instant>,
@@ -81,8 +83,14 @@ struct Active {
 
 /// The engine loop's settings.
 pub struct WorkerConfig {
-    /// The most jobs in the engine at once.
+    /// The most sequences (samples: `n` per prompt of each job) in the engine at once, as
+    /// vLLM's `--max-num-seqs`; a job that would pass it waits (first come, first served).
     pub max_num_seqs: usize,
+}
+
+/// The samples of a job: `n` per prompt.
+pub fn job_samples(job: &Job) -> usize {
+    job.requests.iter().map(|r| r.n).sum()
 }
 
 /// Runs the engine loop until `jobs` closes and nothing is left to do.
@@ -140,8 +148,15 @@ pub fn run(
             metrics.aborted.inc();
             false
         });
-        // Admit.
-        while active.len() < config.max_num_seqs {
+        // Admit, in order, while the sequences fit.
+        loop {
+            let running_samples: usize = active.iter().map(|a| a.samples).sum();
+            let Some(front) = waiting.front() else {
+                break;
+            };
+            if running_samples + job_samples(front) > config.max_num_seqs && !active.is_empty() {
+                break;
+            }
             let Some(job) = waiting.pop_front() else {
                 break;
             };
@@ -153,6 +168,7 @@ pub fn run(
                     active.push(Active {
                         events: job.events,
                         prompts,
+                        samples: open,
                         open,
                         arrived: job.arrived,
                         last_token: HashMap::new(),

@@ -166,7 +166,10 @@ fn routes_answer_with_the_openai_shapes() {
         let t = t.as_f64().expect("a logprob");
         assert!(t <= 0.0, "token {i}: {t}");
         let top = top.as_object().expect("a dict");
-        assert!(!top.is_empty() && top.len() <= 2);
+        // The two best, and the sampled token (vLLM's form: up to logprobs + 1 entries).
+        assert!(top.len() >= 2 && top.len() <= 3, "{top:?}");
+        let sampled = tokens[i].as_str().expect("str");
+        assert_eq!(top.get(sampled).and_then(Value::as_f64), Some(t));
         // The best alternative is at least as likely as the sampled token.
         let best = top
             .values()
@@ -452,4 +455,104 @@ fn closed_streams_are_aborted_and_running_returns_to_0() {
     assert!(metric(&base, "nucleus:request_aborted_total") >= 10.0);
     // The server still answers.
     assert!(!completion_text(&base, &json!({"prompt": "Once", "max_tokens": 3})).is_empty());
+}
+
+#[test]
+fn samplers_set_the_order_and_the_fixed_order_matches_the_fixed_path() {
+    let base = start(|_| {});
+    let text = |extra: Value| {
+        let mut body = json!({"prompt": "Once upon a time", "max_tokens": 24, "seed": 5,
+                              "top_k": 20, "top_p": 0.9, "min_p": 0.02, "temperature": 1.3});
+        for (k, v) in extra.as_object().expect("object") {
+            body[k] = v.clone();
+        }
+        completion_text(&base, &body)
+    };
+    // spec/sampling.md's order (penalties, temperature, min_p, top_k, top_p) as a chain gives
+    // what the fixed path gives.
+    let fixed = text(json!({}));
+    let as_chain =
+        text(json!({"samplers": ["penalties", "temperature", "min_p", "top_k", "top_p"]}));
+    assert_eq!(as_chain, fixed);
+    // Another order is another distribution: over 8 seeds, min-p before or after a high
+    // temperature keeps other tokens.
+    let mut differ = 0;
+    for seed in 0..8 {
+        let body = |order: Value| {
+            json!({"prompt": "Once upon a time", "max_tokens": 24, "seed": seed,
+                   "temperature": 3.0, "min_p": 0.3, "samplers": order})
+        };
+        let a = completion_text(&base, &body(json!(["temperature", "min_p"])));
+        let b = completion_text(&base, &body(json!(["min_p", "temperature"])));
+        differ += usize::from(a != b);
+    }
+    assert!(differ >= 1, "the order changed nothing over 8 seeds");
+    for (order, param) in [
+        (json!(["top_k", "bogus"]), "samplers"),
+        (json!(["top_k", "top_k"]), "samplers"),
+        (json!("top_k"), "samplers"),
+    ] {
+        let (status, v) = post(
+            &base,
+            "/v1/completions",
+            &json!({"prompt": "a", "samplers": order, "max_tokens": 2}),
+        );
+        if order == json!("top_k") {
+            // One name as a string is a valid order.
+            assert_eq!(status, 200, "{v}");
+            continue;
+        }
+        assert_eq!(
+            (status, v["error"]["param"].as_str()),
+            (400, Some(param)),
+            "{v}"
+        );
+    }
+}
+
+#[test]
+fn stop_strings_end_the_text_and_can_be_kept() {
+    let base = start(|_| {});
+    let body = |extra: Value| {
+        let mut b = json!({"prompt": "Once upon a time", "max_tokens": 40, "seed": 3});
+        for (k, v) in extra.as_object().expect("object") {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let free = completion_text(&base, &body(json!({})));
+    let stop = " was";
+    let at = free.find(stop).expect("seed 3's text has \" was\"");
+    let (_, v) = post(&base, "/v1/completions", &body(json!({"stop": [stop]})));
+    assert_eq!(v["choices"][0]["text"], free[..at]);
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    let (_, v) = post(
+        &base,
+        "/v1/completions",
+        &body(json!({"stop": [stop], "include_stop_str_in_output": true})),
+    );
+    assert_eq!(v["choices"][0]["text"], free[..at + stop.len()]);
+}
+
+#[test]
+fn an_abandoned_request_is_aborted() {
+    let base = start(|_| {});
+    let quick = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .expect("client");
+    let r = quick
+        .post(format!("{base}/v1/completions"))
+        .json(&json!({"prompt": "Once upon a time", "max_tokens": 2000, "ignore_eos": true}))
+        .send();
+    assert!(r.is_err(), "the client gave up");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while metric(&base, "nucleus:num_requests_running") != 0.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the abandoned request still runs"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(metric(&base, "nucleus:request_aborted_total") >= 1.0);
 }
