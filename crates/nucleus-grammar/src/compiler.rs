@@ -395,10 +395,67 @@ impl GrammarCompiler {
         // The first step, on a copy: errors that llguidance only finds when it computes a mask
         // or takes a token (a grammar that matches nothing, a lexer whose states explode, as
         // with `a{1000}{1000}`) belong to the grammar, not to every request's first step.
-        let mut probe = template.deep_clone();
-        let first = probe
-            .compute_mask_or_eos()
-            .map_err(|e| first_step_error(kind, &e.to_string()))?;
+        // The probe is cancellable: a watchdog cancels it after FIRST_STEP_LIMIT, so a grammar
+        // on which llguidance does not settle (it forces bytes forever on `start: A B` with
+        // `A: /a+/` and `B: /a+/`) is refused instead of holding its caller, and the memory
+        // llguidance grows meanwhile, without bound.
+        let mut probe = template.deep_clone().into_cancellable();
+        let (done, finished) = std::sync::mpsc::channel::<()>();
+        let watchdog = probe.cancellation_handle().map(|handle| {
+            std::thread::spawn(move || {
+                if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    finished.recv_timeout(FIRST_STEP_LIMIT)
+                {
+                    handle.cancel();
+                }
+            })
+        });
+        let outcome = self.first_steps(kind, &mut probe);
+        drop(done);
+        if let Some(w) = watchdog {
+            let _ = w.join();
+        }
+        outcome?;
+        let warnings = template.grammar_warnings();
+        Ok(CompiledGrammar {
+            kind,
+            template: Mutex::new(template),
+            env: self.env.clone(),
+            warnings,
+        })
+    }
+}
+
+/// How long a grammar's first steps may take in [`GrammarCompiler::compile`] before the
+/// grammar is refused.
+pub const FIRST_STEP_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl GrammarCompiler {
+    /// The first mask, and one token and the mask after it, on `probe`; the errors that
+    /// belong to the grammar.
+    fn first_steps(&self, kind: GrammarKind, probe: &mut Matcher) -> Result<()> {
+        let cancelled = |probe: &Matcher| {
+            probe.is_cancelled().then(|| {
+                GrammarError::compile(
+                    kind,
+                    &format!(
+                        "llguidance did not settle the grammar's first steps within {} s: two \
+                         lexemes that can match the same text in a row (as `start: A B` with \
+                         `A: /a+/` and `B: /a+/`, where a greedy lexer never ends A) keep it \
+                         forcing bytes",
+                        FIRST_STEP_LIMIT.as_secs()
+                    ),
+                )
+            })
+        };
+        let first = match probe.compute_mask_or_eos() {
+            Ok(first) => first,
+            Err(e) => {
+                return Err(
+                    cancelled(probe).unwrap_or_else(|| first_step_error(kind, &e.to_string()))
+                )
+            }
+        };
         let eos = self.env.eos_token_ids();
         if let Some(token) = first.iter().find(|t| !eos.contains(t)) {
             // Only a lexer limit counts here: that one token may lead to a dead end (`ac|b`
@@ -407,19 +464,16 @@ impl GrammarCompiler {
                 .consume_token(token)
                 .and_then(|()| probe.compute_mask_or_eos().map(drop));
             if let Err(e) = step {
+                if let Some(e) = cancelled(probe) {
+                    return Err(e);
+                }
                 let message = e.to_string();
                 if is_lexer_limit(&message) {
                     return Err(first_step_error(kind, &message));
                 }
             }
         }
-        let warnings = template.grammar_warnings();
-        Ok(CompiledGrammar {
-            kind,
-            template: Mutex::new(template),
-            env: self.env.clone(),
-            warnings,
-        })
+        Ok(())
     }
 }
 

@@ -69,7 +69,7 @@ mod validate;
 
 pub use compiler::{
     CompiledGrammar, GrammarCompiler, GrammarKind, GrammarOptions, GrammarSpec,
-    DEFAULT_MAX_WHITESPACE,
+    DEFAULT_MAX_WHITESPACE, FIRST_STEP_LIMIT,
 };
 pub use depth::{json_text_depth, lark_depth, schema_depth, MAX_GRAMMAR_DEPTH};
 pub use error::{GrammarError, Result, MAX_MESSAGE_LINE};

@@ -368,3 +368,31 @@ fn real_schemas_are_far_inside_the_depth_limit() {
     println!("deepest bound over {files} schemas: {deepest}");
     assert!(deepest < MAX_GRAMMAR_DEPTH as u64 / 10, "{deepest}");
 }
+
+#[test]
+fn a_grammar_llguidance_never_settles_is_refused_within_the_first_step_limit() {
+    // Two greedy lexemes matching the same text in a row: llguidance forces `a` bytes forever
+    // (and its memory grows) in the first mask. The compiler's watchdog cancels it.
+    let compiler = minimind_compiler();
+    // (`start: A "a"` with `A: /a+/` does the same; one grammar keeps the test at 10 s.)
+    for text in ["start: A B\nA: /a+/\nB: /a+/"] {
+        let t0 = std::time::Instant::now();
+        let err = compiler
+            .compile(&GrammarSpec::Lark(text.into()), &GrammarOptions::default())
+            .expect_err("refused");
+        let elapsed = t0.elapsed();
+        assert!(
+            elapsed < nucleus_grammar::FIRST_STEP_LIMIT + std::time::Duration::from_secs(5),
+            "{text:?}: {elapsed:?}"
+        );
+        let message = err.to_string();
+        assert!(message.contains("did not settle"), "{text:?}: {message}");
+    }
+    // A grammar that settles is not affected.
+    compiler
+        .compile(
+            &GrammarSpec::Lark("start: A B\nA: /a+/\nB: /b+/".into()),
+            &GrammarOptions::default(),
+        )
+        .expect("compiles");
+}
