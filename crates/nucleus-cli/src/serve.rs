@@ -61,6 +61,12 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
     if args.api_key.as_deref() == Some("") {
         return Err(UsageError::new("--api-key is empty").into());
     }
+    if args.max_body_bytes == 0 {
+        return Err(UsageError::new("--max-body-bytes 0 refuses every request").into());
+    }
+    if args.served_model_name.as_deref() == Some("") {
+        return Err(UsageError::new("--served-model-name is empty").into());
+    }
     let generation_config = GenerationConfigSource::parse(&args.generation_config)?;
     let path = crate::model::resolve(args.model.as_deref())?;
     let loaded = load_model(&path, &crate::generate::candle_device())?;

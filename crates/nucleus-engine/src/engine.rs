@@ -236,7 +236,7 @@ pub struct Engine {
     /// Candidate ids per row: the tokenizer's vocabulary when the model's rows are padded.
     vocab_size: usize,
     /// Compiles and caches grammars for this tokenizer; built at the first grammar request.
-    grammars: Option<GrammarCompiler>,
+    grammars: Option<Arc<GrammarCompiler>>,
     /// The tokenizer's byte tokens, so that broken UTF-8 is decoded lossily per maximal
     /// invalid subsequence (`None` for byte-level BPE).
     byte_tokens: Option<Arc<ByteTokens>>,
@@ -279,9 +279,21 @@ impl Engine {
                 &eos,
                 self.model.config().vocab_size,
             )?;
-            self.grammars = Some(GrammarCompiler::new(env)?);
+            self.grammars = Some(Arc::new(GrammarCompiler::new(env)?));
         }
         Ok(self.grammars.as_ref().expect("built above"))
+    }
+
+    /// The engine's grammar compiler, shared: a caller that compiles a request's grammar with
+    /// it before [`Engine::add_request`] (on another thread: a server's request handler) fills
+    /// the cache that `add_request` then reads, so a slow compilation does not hold the step
+    /// loop.
+    ///
+    /// # Errors
+    /// As [`Engine::grammar_compiler`].
+    pub fn shared_grammar_compiler(&mut self) -> Result<Arc<GrammarCompiler>> {
+        self.grammar_compiler()?;
+        Ok(self.grammars.clone().expect("built above"))
     }
 
     /// The model.
@@ -819,6 +831,9 @@ fn advance(
         return Some(finish(seq, text, FinishReason::Stop));
     }
     match seq.decoder.push(tokenizer, token) {
+        // Before `min_tokens` stop strings are not looked for (vLLM's `check_stop`), as stop
+        // ids are banned until then.
+        Ok(delta) if seq.output_ids.len() < seq.params.min_tokens => text.push_str(&delta),
         Ok(delta) => {
             let check = seq.stops.push(&delta);
             text.push_str(&check.text);

@@ -89,12 +89,13 @@ impl ApiError {
         }
     }
 
-    /// The JSON body.
+    /// The JSON body. The message is cut after [`MAX_MESSAGE_BYTES`] and `param` after
+    /// [`MAX_PARAM_BYTES`] (then `...`): an error never echoes a hostile input whole.
     pub fn body(&self) -> serde_json::Value {
         json!({"error": {
-            "message": self.message,
+            "message": cut(&self.message, MAX_MESSAGE_BYTES),
             "type": self.kind,
-            "param": self.param,
+            "param": self.param.as_deref().map(|p| cut(p, MAX_PARAM_BYTES)),
             "code": self.code,
         }})
     }
@@ -110,4 +111,21 @@ impl IntoResponse for ApiError {
         }
         response
     }
+}
+
+/// The longest `error.message`, in bytes (the CLI's messages are cut at the same 1 KiB).
+pub const MAX_MESSAGE_BYTES: usize = 1024;
+/// The longest `error.param`, in bytes.
+pub const MAX_PARAM_BYTES: usize = 256;
+
+/// `s` cut after `max` bytes at a character boundary, with `...` when cut.
+fn cut(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &s[..end])
 }

@@ -73,6 +73,10 @@ pub(crate) struct AppState {
     pub(crate) jobs: std::sync::Mutex<std::sync::mpsc::Sender<worker::Job>>,
     pub(crate) counts: Arc<worker::Counts>,
     pub(crate) metrics: Arc<metrics::Metrics>,
+    /// The engine's grammar compiler (`None` when the tokenizer cannot serve grammars: the
+    /// engine then answers): handlers compile a request's grammar before it reaches the
+    /// engine thread, so compiling never pauses the running requests.
+    pub(crate) grammars: Option<Arc<nucleus_grammar::GrammarCompiler>>,
 }
 
 /// A server whose engine thread is running: its router, ready to serve.
@@ -113,7 +117,8 @@ impl Server {
             max_num_seqs: config.max_num_seqs,
         };
         let (c, m) = (counts.clone(), metrics.clone());
-        let engine = model.engine;
+        let mut engine = model.engine;
+        let grammars = engine.shared_grammar_compiler().ok();
         let engine_thread = std::thread::Builder::new()
             .name("nucleus-engine".into())
             .spawn(move || worker::run(engine, rx, worker_config, c, m))?;
@@ -132,6 +137,7 @@ impl Server {
                 jobs: std::sync::Mutex::new(tx),
                 counts,
                 metrics,
+                grammars,
             }),
             engine_thread,
         })

@@ -134,6 +134,8 @@ pub struct Parsed {
     pub ignore_eos: bool,
     /// The grammar of `response_format` / `structured_outputs` / `guided_*`.
     pub grammar: Option<GrammarSpec>,
+    /// The field the grammar came from (for errors).
+    pub grammar_field: &'static str,
     /// `stream`.
     pub stream: bool,
     /// `stream_options.include_usage`.
@@ -310,6 +312,12 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<Parsed, ApiError> {
                     Some("stream_options"),
                 ));
             }
+            if o.get("continuous_usage_stats") == Some(&Value::Bool(true)) {
+                return Err(ApiError::not_supported(
+                    "stream_options",
+                    "continuous_usage_stats (usage in every chunk) is not implemented",
+                ));
+            }
             for k in o.keys() {
                 if k != "include_usage" && k != "continuous_usage_stats" {
                     return Err(ApiError::bad_request(
@@ -419,7 +427,10 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<Parsed, ApiError> {
             ))
         }
     };
-    let grammar = grammar(obj)?;
+    let (grammar, grammar_field) = match grammar(obj)? {
+        Some((field, g)) => (Some(g), field),
+        None => (None, "response_format"),
+    };
     if grammar.is_some() && ignore_eos {
         return Err(ApiError::bad_request(
             "ignore_eos cannot be used with structured output: the end-of-generation token is \
@@ -481,6 +492,7 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<Parsed, ApiError> {
         stop_token_ids,
         ignore_eos,
         grammar,
+        grammar_field,
         stream,
         include_usage,
         logprobs,
@@ -686,7 +698,7 @@ pub fn sampler_chain(
 }
 
 /// The field a [`SamplingParams::validate`] message names (its first word).
-fn param_of(message: &str) -> Option<&'static str> {
+pub(crate) fn param_of(message: &str) -> Option<&'static str> {
     COMMON
         .iter()
         .chain(CHAT)
@@ -744,7 +756,7 @@ fn prompts(v: Option<&Value>) -> Result<Vec<Prompt>, ApiError> {
 
 /// The grammar of `response_format`, `structured_outputs` or the legacy `guided_*` fields
 /// (at most one of them).
-fn grammar(obj: &Map<String, Value>) -> Result<Option<GrammarSpec>, ApiError> {
+fn grammar(obj: &Map<String, Value>) -> Result<Option<(&'static str, GrammarSpec)>, ApiError> {
     let mut found: Vec<(&str, GrammarSpec)> = Vec::new();
     if let Some(rf) = obj.get("response_format").filter(|v| !v.is_null()) {
         let bad = |m: &str| ApiError::bad_request(m.to_string(), Some("response_format"));
@@ -752,6 +764,15 @@ fn grammar(obj: &Map<String, Value>) -> Result<Option<GrammarSpec>, ApiError> {
             .get("type")
             .and_then(Value::as_str)
             .ok_or_else(|| bad("response_format needs a string `type`"))?;
+        if let Some(o) = rf.as_object() {
+            for k in o.keys() {
+                if k != "type" && !(k == "json_schema" && kind == "json_schema") {
+                    return Err(bad(&format!(
+                        "unknown field `response_format.{k}` for type {kind:?}"
+                    )));
+                }
+            }
+        }
         match kind {
             "text" => {}
             "json_object" => found.push((
@@ -872,7 +893,15 @@ fn grammar(obj: &Map<String, Value>) -> Result<Option<GrammarSpec>, ApiError> {
     }
     match found.len() {
         0 => Ok(None),
-        1 => Ok(found.pop().map(|(_, g)| g)),
+        1 => Ok(found.pop()),
+        _ if found[0].0 == found[1].0 => Err(ApiError::bad_request(
+            format!(
+                "give one kind of structured output in {}: one of json, regex, choice, grammar, \
+                 json_object",
+                found[0].0
+            ),
+            Some(found[0].0),
+        )),
         _ => Err(ApiError::bad_request(
             format!(
                 "give one kind of structured output, not {}",

@@ -6,7 +6,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::body::Body;
 use axum::extract::{Request as HttpRequest, State};
 use axum::http::header;
 use axum::middleware::Next;
@@ -36,6 +35,7 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), auth))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(on_panic))
         .with_state(state)
@@ -54,6 +54,16 @@ async fn not_found(req: HttpRequest) -> ApiError {
             format!("no route {} {}", req.method(), req.uri().path()),
             None,
         )
+    }
+}
+
+async fn method_not_allowed(req: HttpRequest) -> ApiError {
+    ApiError {
+        status: axum::http::StatusCode::METHOD_NOT_ALLOWED,
+        kind: "invalid_request_error",
+        message: format!("{} is not allowed on {}", req.method(), req.uri().path()),
+        param: None,
+        code: Some("method_not_allowed".into()),
     }
 }
 
@@ -119,17 +129,45 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
 }
 
 /// The body as JSON, within `--max-body-bytes`.
-async fn read_json(state: &AppState, body: Body) -> Result<Value, ApiError> {
+async fn read_json(state: &AppState, req: HttpRequest) -> Result<Value, ApiError> {
     let limit = state.config.max_body_bytes;
-    let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
+    let over = || {
         ApiError::bad_request(
-            format!("the request body is over --max-body-bytes ({limit} bytes), or was cut off"),
+            format!("the request body is over --max-body-bytes ({limit} bytes)"),
             None,
         )
-    })?;
+    };
+    // A declared length over the limit is refused before anything is read.
+    if let Some(len) = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        if len > limit as u64 {
+            return Err(over());
+        }
+    }
+    let read = axum::body::to_bytes(req.into_body(), limit);
+    let bytes = match tokio::time::timeout(BODY_READ_LIMIT, read).await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(_)) => return Err(over()),
+        Err(_) => {
+            return Err(ApiError::bad_request(
+                format!(
+                    "the request body did not arrive within {} s",
+                    BODY_READ_LIMIT.as_secs()
+                ),
+                None,
+            ))
+        }
+    };
     serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}"), None))
 }
+
+/// How long a client may take to send its request body.
+const BODY_READ_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 fn now_secs() -> u64 {
     std::time::SystemTime::now()
@@ -148,13 +186,13 @@ fn new_id(prefix: &str) -> String {
     format!("{prefix}-{:016x}{:08x}", t ^ 0x9e37_79b9_7f4a_7c15, n)
 }
 
-async fn completions(State(state): State<Arc<AppState>>, body: Body) -> Response {
+async fn completions(State(state): State<Arc<AppState>>, body: HttpRequest) -> Response {
     generate(state, Endpoint::Completions, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn chat_completions(State(state): State<Arc<AppState>>, body: Body) -> Response {
+async fn chat_completions(State(state): State<Arc<AppState>>, body: HttpRequest) -> Response {
     generate(state, Endpoint::Chat, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
@@ -244,8 +282,9 @@ fn prepare(state: &AppState, endpoint: Endpoint, body: &Value) -> Result<Prepare
                     Some("messages"),
                 )
             })?;
-            let msgs = messages_from_openai(messages)
-                .map_err(|e| ApiError::bad_request(e.to_string(), Some("messages")))?;
+            let msgs = messages_from_openai(messages).map_err(|e| {
+                ApiError::bad_request(state.without_paths(&e.to_string()), Some("messages"))
+            })?;
             let opts = RenderOptions {
                 add_generation_prompt: *add_generation_prompt,
                 bos_token: tok.bos_token.clone(),
@@ -253,12 +292,12 @@ fn prepare(state: &AppState, endpoint: Endpoint, body: &Value) -> Result<Prepare
                 tools: None,
                 kwargs: kwargs.clone(),
             };
-            let text = template
-                .render(&msgs, &opts)
-                .map_err(|e| ApiError::bad_request(e.to_string(), Some("messages")))?;
-            let ids = tok
-                .encode(&text, false, true)
-                .map_err(|e| ApiError::bad_request(e.to_string(), Some("messages")))?;
+            let text = template.render(&msgs, &opts).map_err(|e| {
+                ApiError::bad_request(state.without_paths(&e.to_string()), Some("messages"))
+            })?;
+            let ids = tok.encode(&text, false, true).map_err(|e| {
+                ApiError::bad_request(state.without_paths(&e.to_string()), Some("messages"))
+            })?;
             vec![(ids, text)]
         }
     };
@@ -321,6 +360,18 @@ fn prepare(state: &AppState, endpoint: Endpoint, body: &Value) -> Result<Prepare
             Some("logit_bias"),
         ));
     }
+    // The grammar is compiled here, off the engine thread (the engine finds it in the
+    // shared cache): a compilation that takes seconds does not pause the running requests,
+    // and its error names the field it came from.
+    if let (Some(spec), Some(compiler)) = (&parsed.grammar, &state.grammars) {
+        let options = nucleus_engine::GrammarOptions::default();
+        compiler.compile(spec, &options).map_err(|e| {
+            ApiError::bad_request(
+                format!("the grammar does not compile: {e}"),
+                Some(parsed.grammar_field),
+            )
+        })?;
+    }
     Ok(Prepared { parsed, prompts })
 }
 
@@ -339,7 +390,7 @@ impl Drop for Admission {
 async fn generate(
     state: Arc<AppState>,
     endpoint: Endpoint,
-    body: Body,
+    body: HttpRequest,
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let body = read_json(&state, body).await?;
@@ -468,7 +519,7 @@ async fn generate(
         }
     }
     if let Some(e) = acc.iter().find_map(|c| c.error.clone()) {
-        return Err(ApiError::internal(format!("generation failed: {e}")));
+        return Err(generation_error(&e, parsed.grammar_field));
     }
     let completion_tokens: usize = acc.iter().map(|c| c.ids.len()).sum();
     let choices: Vec<Value> = acc
@@ -515,6 +566,23 @@ async fn generate(
         "usage": usage(meta.prompt_tokens, completion_tokens),
     }))
     .into_response())
+}
+
+/// The answer to a sample that failed while generating: what the request asked for and the
+/// logits could not give (a penalty or temperature that takes a logit out of the f32 range,
+/// a grammar past llguidance's limits) is a 400 naming the field; anything else a 500.
+fn generation_error(message: &str, grammar_field: &'static str) -> ApiError {
+    let message = format!("generation failed: {message}");
+    if message.contains("grammar") {
+        ApiError::bad_request(message, Some(grammar_field))
+    } else if message.contains("out of the f32 range")
+        || message.contains("invalid sampling parameter")
+    {
+        let param = protocol::param_of(&message);
+        ApiError::bad_request(message, param)
+    } else {
+        ApiError::internal(message)
+    }
 }
 
 fn usage(prompt: usize, completion: usize) -> Value {
@@ -812,7 +880,10 @@ fn sse_stream(
 
 /// `POST /tokenize` as vLLM has it: `{"prompt", "add_special_tokens"}` or `{"messages",
 /// "add_generation_prompt"}` -> `{"count", "max_model_len", "tokens"}`.
-async fn tokenize(State(state): State<Arc<AppState>>, body: Body) -> Result<Json<Value>, ApiError> {
+async fn tokenize(
+    State(state): State<Arc<AppState>>,
+    body: HttpRequest,
+) -> Result<Json<Value>, ApiError> {
     let body = read_json(&state, body).await?;
     let Value::Object(obj) = &body else {
         return Err(ApiError::bad_request(
@@ -838,6 +909,7 @@ async fn tokenize(State(state): State<Arc<AppState>>, body: Body) -> Result<Json
             ));
         }
     }
+    check_model(&state, obj)?;
     let flag = |k: &str, default: bool| -> Result<bool, ApiError> {
         match obj.get(k) {
             None | Some(Value::Null) => Ok(default),
@@ -857,8 +929,9 @@ async fn tokenize(State(state): State<Arc<AppState>>, body: Body) -> Result<Json
             let template = state.chat_template.as_ref().ok_or_else(|| {
                 ApiError::bad_request("this model has no chat template", Some("messages"))
             })?;
-            let msgs = messages_from_openai(m)
-                .map_err(|e| ApiError::bad_request(e.to_string(), Some("messages")))?;
+            let msgs = messages_from_openai(m).map_err(|e| {
+                ApiError::bad_request(state.without_paths(&e.to_string()), Some("messages"))
+            })?;
             let kwargs = match obj.get("chat_template_kwargs") {
                 None | Some(Value::Null) => Map::new(),
                 Some(Value::Object(o)) => o.clone(),
@@ -880,7 +953,9 @@ async fn tokenize(State(state): State<Arc<AppState>>, body: Body) -> Result<Json
                         kwargs,
                     },
                 )
-                .map_err(|e| ApiError::bad_request(e.to_string(), Some("messages")))?;
+                .map_err(|e| {
+                    ApiError::bad_request(state.without_paths(&e.to_string()), Some("messages"))
+                })?;
             tok.encode(&text, flag("add_special_tokens", false)?, true)
                 .map_err(|e| ApiError::bad_request(e.to_string(), Some("messages")))?
         }
@@ -915,7 +990,7 @@ async fn tokenize(State(state): State<Arc<AppState>>, body: Body) -> Result<Json
 /// `POST /detokenize` as vLLM has it: `{"tokens": [ids]}` -> `{"prompt": text}`.
 async fn detokenize(
     State(state): State<Arc<AppState>>,
-    body: Body,
+    body: HttpRequest,
 ) -> Result<Json<Value>, ApiError> {
     let body = read_json(&state, body).await?;
     let Value::Object(obj) = &body else {
@@ -932,6 +1007,7 @@ async fn detokenize(
             ));
         }
     }
+    check_model(&state, obj)?;
     let ids: Vec<u32> = obj
         .get("tokens")
         .and_then(Value::as_array)
@@ -954,4 +1030,34 @@ async fn detokenize(
         .decode(&ids, true)
         .map_err(|e| ApiError::bad_request(e.to_string(), Some("tokens")))?;
     Ok(Json(json!({"prompt": text})))
+}
+
+/// `model`, when given, must name the served model (404 otherwise).
+fn check_model(state: &AppState, obj: &Map<String, Value>) -> Result<(), ApiError> {
+    match obj.get("model") {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(m)) if *m == state.config.served_model_name => Ok(()),
+        Some(Value::String(m)) => Err(ApiError::not_found(
+            format!(
+                "the model `{m}` does not exist; this server serves `{}`",
+                state.config.served_model_name
+            ),
+            Some("model"),
+        )),
+        Some(_) => Err(ApiError::bad_request(
+            "model must be a string",
+            Some("model"),
+        )),
+    }
+}
+
+impl AppState {
+    /// `message` with the model's path replaced by `<model>` (a chat template's errors name
+    /// the file they come from).
+    pub(crate) fn without_paths(&self, message: &str) -> String {
+        if self.root.is_empty() {
+            return message.to_string();
+        }
+        message.replace(&self.root, "<model>")
+    }
 }

@@ -556,3 +556,92 @@ fn an_abandoned_request_is_aborted() {
     }
     assert!(metric(&base, "nucleus:request_aborted_total") >= 1.0);
 }
+
+#[test]
+fn errors_found_by_review_are_400s_and_405s_with_the_error_shape() {
+    let base = start(|_| {});
+    // A penalty that takes a prompt token's logit out of the f32 range: a 400 on the field,
+    // not a 500 (the sampler finds it when the first row is sampled).
+    let (status, v) = post(
+        &base,
+        "/v1/completions",
+        &json!({"prompt": "Once upon a time", "repetition_penalty": 1e38, "max_tokens": 4}),
+    );
+    assert_eq!(
+        (status, v["error"]["param"].as_str()),
+        (400, Some("repetition_penalty")),
+        "{v}"
+    );
+    // A grammar error names the field it came from.
+    let (status, v) = post(
+        &base,
+        "/v1/completions",
+        &json!({"prompt": "a", "structured_outputs": {"regex": "(unclosed"}}),
+    );
+    assert_eq!(
+        (status, v["error"]["param"].as_str()),
+        (400, Some("structured_outputs")),
+        "{v}"
+    );
+    let (status, v) = post(
+        &base,
+        "/v1/completions",
+        &json!({"prompt": "a", "structured_outputs": {"regex": "a", "choice": ["b"]}}),
+    );
+    assert_eq!(status, 400, "{v}");
+    assert!(v["error"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("in structured_outputs")));
+    // Another method: 405 with the error shape.
+    let r = client()
+        .get(format!("{base}/v1/completions"))
+        .send()
+        .expect("r");
+    assert_eq!(r.status().as_u16(), 405);
+    let v: Value = r.json().expect("a JSON body");
+    assert_eq!(v["error"]["code"], "method_not_allowed");
+    // /tokenize names the model too.
+    let (status, _) = post(&base, "/tokenize", &json!({"prompt": "a", "model": "nope"}));
+    assert_eq!(status, 404);
+    // Unknown keys inside response_format; hostile input is not echoed whole.
+    let (status, v) = post(
+        &base,
+        "/v1/completions",
+        &json!({"prompt": "a", "response_format": {"type": "text", "foo": 1}}),
+    );
+    assert_eq!(
+        (status, v["error"]["param"].as_str()),
+        (400, Some("response_format")),
+        "{v}"
+    );
+    let long = "x".repeat(100_000);
+    let mut body = json!({"prompt": "a"});
+    body[long.as_str()] = json!(1);
+    let (status, v) = post(&base, "/v1/completions", &body);
+    assert_eq!(status, 400);
+    assert!(v["error"]["message"].as_str().expect("message").len() <= 1024 + 3);
+    assert!(v["error"]["param"].as_str().expect("param").len() <= 256 + 3);
+}
+
+#[test]
+fn stop_strings_wait_for_min_tokens() {
+    let base = start(|_| {});
+    let body = |min: usize| {
+        json!({"prompt": "Once upon a time", "temperature": 0, "max_tokens": 20, "stop": [","],
+               "min_tokens": min})
+    };
+    let (_, free) = post(&base, "/v1/completions", &body(0));
+    // Greedy stories260K continues "Once upon a time" with ", there was ...": the stop string
+    // comes first.
+    assert_eq!(free["choices"][0]["text"], "", "{free}");
+    let (_, held) = post(&base, "/v1/completions", &body(5));
+    let n = held["usage"]["completion_tokens"].as_u64().expect("count");
+    assert!(n >= 5, "{held}");
+    assert!(
+        held["choices"][0]["text"]
+            .as_str()
+            .expect("text")
+            .starts_with(','),
+        "{held}"
+    );
+}
