@@ -776,21 +776,9 @@ impl InOrder {
     }
 }
 
-/// A token's text for logprobs: what it adds to the text after the token `before` (the one
-/// generated before it, or the prompt's last), as vLLM's incremental detokenizer gives it
-/// (a SentencePiece `▁upon` is " upon", not "upon"); special tokens spelled out. Without a
-/// token before, or when the pair does not decode to an extension of `before` alone, the
-/// token decoded alone.
+/// A token's text for logprobs ([`ModelTokenizer::token_text_after`]).
 fn token_text(tokenizer: &ModelTokenizer, before: Option<u32>, id: u32) -> String {
-    let decode = |ids: &[u32]| tokenizer.tokenizer.decode(ids, false).ok();
-    if let Some(b) = before {
-        if let (Some(pair), Some(first)) = (decode(&[b, id]), decode(&[b])) {
-            if let Some(rest) = pair.strip_prefix(first.as_str()) {
-                return rest.to_string();
-            }
-        }
-    }
-    decode(&[id]).unwrap_or_else(|| format!("<id {id}>"))
+    tokenizer.token_text_after(before, id)
 }
 
 /// The logprobs entry of one generated token, `before` the token before it.

@@ -226,6 +226,24 @@ impl ModelTokenizer {
             .map_err(|e| tok_err(format!("encoding {} bytes of text: {e}", text.len())))
     }
 
+    /// Token `id`'s text as it continues the text after the token `before` (the one generated
+    /// before it, or the prompt's last), as vLLM's incremental detokenizer gives it for
+    /// logprobs (a SentencePiece `▁upon` is " upon", not "upon"); special tokens spelled out.
+    /// Without a token before, or when the pair does not decode to an extension of `before`
+    /// alone, the token decoded alone; `<id N>` when even that fails (an id outside the
+    /// vocabulary).
+    pub fn token_text_after(&self, before: Option<u32>, id: u32) -> String {
+        let decode = |ids: &[u32]| self.decode(ids, false).ok();
+        if let Some(b) = before {
+            if let (Some(pair), Some(first)) = (decode(&[b, id]), decode(&[b])) {
+                if let Some(rest) = pair.strip_prefix(first.as_str()) {
+                    return rest.to_string();
+                }
+            }
+        }
+        decode(&[id]).unwrap_or_else(|| format!("<id {id}>"))
+    }
+
     /// Decodes `ids` to text with the tokenizer's decoder, dropping special (control) tokens
     /// when `skip_special_tokens` is true. No clean-up of spaces is done (llama.cpp's
     /// `clean_spaces` / transformers' `clean_up_tokenization_spaces` are not applied), so

@@ -466,16 +466,7 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<Parsed, ApiError> {
                     Some("messages"),
                 ));
             }
-            let kwargs = match obj.get("chat_template_kwargs") {
-                None | Some(Value::Null) => Map::new(),
-                Some(Value::Object(o)) => o.clone(),
-                Some(_) => {
-                    return Err(ApiError::bad_request(
-                        "chat_template_kwargs must be an object",
-                        Some("chat_template_kwargs"),
-                    ))
-                }
-            };
+            let kwargs = template_kwargs(obj)?;
             PromptInput::Chat {
                 messages,
                 kwargs,
@@ -705,6 +696,18 @@ pub(crate) fn param_of(message: &str) -> Option<&'static str> {
         .copied()
         .filter(|f| message.contains(f))
         .max_by_key(|f| f.len())
+}
+
+/// `chat_template_kwargs`: an object of extra template variables (none when absent).
+pub(crate) fn template_kwargs(obj: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
+    match obj.get("chat_template_kwargs") {
+        None | Some(Value::Null) => Ok(Map::new()),
+        Some(Value::Object(o)) => Ok(o.clone()),
+        Some(_) => Err(ApiError::bad_request(
+            "chat_template_kwargs must be an object",
+            Some("chat_template_kwargs"),
+        )),
+    }
 }
 
 /// `prompt`: a string, a list of strings, a list of ids, or a list of lists of ids.

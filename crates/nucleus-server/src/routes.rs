@@ -659,18 +659,9 @@ fn finish_reason(reason: &FinishReason) -> &'static str {
     }
 }
 
-/// A token's text after the token `before`, as vLLM's incremental detokenizer gives it.
+/// A token's text after the token `before` ([`nucleus_engine::ModelTokenizer::token_text_after`]).
 fn token_text(state: &AppState, before: Option<u32>, id: u32) -> String {
-    let tok = &state.tokenizer;
-    let decode = |ids: &[u32]| tok.decode(ids, false).ok();
-    if let Some(b) = before {
-        if let (Some(pair), Some(first)) = (decode(&[b, id]), decode(&[b])) {
-            if let Some(rest) = pair.strip_prefix(first.as_str()) {
-                return rest.to_string();
-            }
-        }
-    }
-    decode(&[id]).unwrap_or_else(|| format!("<id {id}>"))
+    state.tokenizer.token_text_after(before, id)
 }
 
 fn token_lp(
@@ -891,8 +882,9 @@ async fn tokenize(
             None,
         ));
     };
-    for k in obj.keys() {
-        if ![
+    only_fields(
+        obj,
+        &[
             "model",
             "prompt",
             "messages",
@@ -900,15 +892,8 @@ async fn tokenize(
             "add_generation_prompt",
             "chat_template_kwargs",
             "return_token_strs",
-        ]
-        .contains(&k.as_str())
-        {
-            return Err(ApiError::bad_request(
-                format!("unknown field `{k}`"),
-                Some(k),
-            ));
-        }
-    }
+        ],
+    )?;
     check_model(&state, obj)?;
     let flag = |k: &str, default: bool| -> Result<bool, ApiError> {
         match obj.get(k) {
@@ -932,16 +917,7 @@ async fn tokenize(
             let msgs = messages_from_openai(m).map_err(|e| {
                 ApiError::bad_request(state.without_paths(&e.to_string()), Some("messages"))
             })?;
-            let kwargs = match obj.get("chat_template_kwargs") {
-                None | Some(Value::Null) => Map::new(),
-                Some(Value::Object(o)) => o.clone(),
-                Some(_) => {
-                    return Err(ApiError::bad_request(
-                        "chat_template_kwargs must be an object",
-                        Some("chat_template_kwargs"),
-                    ))
-                }
-            };
+            let kwargs = protocol::template_kwargs(obj)?;
             let text = template
                 .render(
                     &msgs,
@@ -999,14 +975,7 @@ async fn detokenize(
             None,
         ));
     };
-    for k in obj.keys() {
-        if !["model", "tokens"].contains(&k.as_str()) {
-            return Err(ApiError::bad_request(
-                format!("unknown field `{k}`"),
-                Some(k),
-            ));
-        }
-    }
+    only_fields(obj, &["model", "tokens"])?;
     check_model(&state, obj)?;
     let ids: Vec<u32> = obj
         .get("tokens")
@@ -1059,5 +1028,16 @@ impl AppState {
             return message.to_string();
         }
         message.replace(&self.root, "<model>")
+    }
+}
+
+/// A 400 naming the first field of `obj` not in `known`.
+fn only_fields(obj: &Map<String, Value>, known: &[&str]) -> Result<(), ApiError> {
+    match obj.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(k) => Err(ApiError::bad_request(
+            format!("unknown field `{k}`"),
+            Some(k),
+        )),
+        None => Ok(()),
     }
 }

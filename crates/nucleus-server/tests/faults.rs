@@ -1,19 +1,9 @@
 //! The server when the model panics, and with a model's generation defaults.
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::time::Duration;
+mod common;
 
-use nucleus_engine::{
-    load_model, CausalLm, Device, Engine, EngineConfig, GenerationDefaults, KvCache, ModelConfig,
-    SeqInput,
-};
-use nucleus_server::{ServedModel, Server, ServerConfig};
+use nucleus_engine::{CausalLm, Device, GenerationDefaults, KvCache, ModelConfig, SeqInput};
 use serde_json::{json, Value};
-
-fn stories() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models/stories260K.gguf")
-}
 
 /// The prompt (token ids) on which [`Flaky`] panics.
 const POISON: [u32; 3] = [1, 500, 501];
@@ -44,43 +34,11 @@ impl CausalLm for Flaky {
 }
 
 fn start(flaky: bool, defaults: GenerationDefaults) -> String {
-    let path = stories();
-    let loaded = load_model(&path, &Device::Cpu).expect("stories260K loads");
-    let context = loaded.model.config().context_length;
-    let model: Box<dyn CausalLm> = if flaky {
-        Box::new(Flaky(loaded.model))
-    } else {
-        loaded.model
-    };
-    let engine = Engine::new(model, loaded.tokenizer, EngineConfig::default());
-    let server = Server::start(
-        ServerConfig {
-            addr: "127.0.0.1:0".parse().expect("address"),
-            served_model_name: "stories".into(),
-            max_num_seqs: 16,
-            max_queue: 256,
-            max_model_len: context,
-            max_body_bytes: 1 << 20,
-            api_key: None,
-        },
-        ServedModel {
-            engine,
-            path,
-            chat_template: None,
-            defaults,
-        },
+    common::start_with(
+        |m| if flaky { Box::new(Flaky(m)) } else { m },
+        defaults,
+        |c| c.max_body_bytes = 1 << 20,
     )
-    .expect("server starts");
-    let (tx, rx) = std::sync::mpsc::channel::<SocketAddr>();
-    std::thread::spawn(move || {
-        server
-            .serve(move |addr| tx.send(addr).expect("report the address"))
-            .expect("serves");
-    });
-    let addr = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("the server listens");
-    format!("http://{addr}")
 }
 
 fn post(base: &str, body: &Value) -> (u16, Value) {

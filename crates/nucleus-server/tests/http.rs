@@ -4,55 +4,18 @@
 //!
 //! The model is stories260K (../shared/models), a real tiny Llama with its tokenizer.
 
+mod common;
+
 use std::io::Read;
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use nucleus_engine::{load_model, Device, Engine, EngineConfig, GenerationDefaults};
-use nucleus_server::{ServedModel, Server, ServerConfig};
+use nucleus_engine::GenerationDefaults;
+use nucleus_server::ServerConfig;
 use serde_json::{json, Value};
 
-fn stories() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models/stories260K.gguf")
-}
-
-/// Starts a server on a free loopback port (it runs until the test process ends).
+/// A server over stories260K with the config `tweak` changes.
 fn start(tweak: impl FnOnce(&mut ServerConfig)) -> String {
-    let path = stories();
-    let loaded = load_model(&path, &Device::Cpu).expect("stories260K loads");
-    let context = loaded.model.config().context_length;
-    let engine = Engine::new(loaded.model, loaded.tokenizer, EngineConfig::default());
-    let mut config = ServerConfig {
-        addr: "127.0.0.1:0".parse().expect("address"),
-        served_model_name: "stories".into(),
-        max_num_seqs: 16,
-        max_queue: 256,
-        max_model_len: context,
-        max_body_bytes: 16 << 20,
-        api_key: None,
-    };
-    tweak(&mut config);
-    let server = Server::start(
-        config,
-        ServedModel {
-            engine,
-            path,
-            chat_template: None,
-            defaults: GenerationDefaults::default(),
-        },
-    )
-    .expect("server starts");
-    let (tx, rx) = std::sync::mpsc::channel::<SocketAddr>();
-    std::thread::spawn(move || {
-        server
-            .serve(move |addr| tx.send(addr).expect("report the address"))
-            .expect("serves");
-    });
-    let addr = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("the server listens");
-    format!("http://{addr}")
+    common::start_with(|m| m, GenerationDefaults::default(), tweak)
 }
 
 fn client() -> reqwest::blocking::Client {
