@@ -103,7 +103,6 @@ pub fn run(
 ) {
     let mut waiting: VecDeque<Job> = VecDeque::new();
     let mut active: Vec<Active> = Vec::new();
-    // Engine request id -> (index in `active` is looked up by id), prompt index.
     let mut closed = false;
     loop {
         // Take new jobs: block while idle, poll while working.
