@@ -875,15 +875,9 @@ async fn tokenize(
     State(state): State<Arc<AppState>>,
     body: HttpRequest,
 ) -> Result<Json<Value>, ApiError> {
-    let body = read_json(&state, body).await?;
-    let Value::Object(obj) = &body else {
-        return Err(ApiError::bad_request(
-            "the body must be a JSON object",
-            None,
-        ));
-    };
-    only_fields(
-        obj,
+    let obj = &read_object(
+        &state,
+        body,
         &[
             "model",
             "prompt",
@@ -893,8 +887,8 @@ async fn tokenize(
             "chat_template_kwargs",
             "return_token_strs",
         ],
-    )?;
-    check_model(&state, obj)?;
+    )
+    .await?;
     let flag = |k: &str, default: bool| -> Result<bool, ApiError> {
         match obj.get(k) {
             None | Some(Value::Null) => Ok(default),
@@ -968,15 +962,7 @@ async fn detokenize(
     State(state): State<Arc<AppState>>,
     body: HttpRequest,
 ) -> Result<Json<Value>, ApiError> {
-    let body = read_json(&state, body).await?;
-    let Value::Object(obj) = &body else {
-        return Err(ApiError::bad_request(
-            "the body must be a JSON object",
-            None,
-        ));
-    };
-    only_fields(obj, &["model", "tokens"])?;
-    check_model(&state, obj)?;
+    let obj = &read_object(&state, body, &["model", "tokens"]).await?;
     let ids: Vec<u32> = obj
         .get("tokens")
         .and_then(Value::as_array)
@@ -1029,6 +1015,24 @@ impl AppState {
         }
         message.replace(&self.root, "<model>")
     }
+}
+
+/// The body of `/tokenize` or `/detokenize`: a JSON object ([`read_json`]) of `known` fields
+/// only, whose `model`, when given, is the served one.
+async fn read_object(
+    state: &AppState,
+    req: HttpRequest,
+    known: &[&str],
+) -> Result<Map<String, Value>, ApiError> {
+    let Value::Object(obj) = read_json(state, req).await? else {
+        return Err(ApiError::bad_request(
+            "the body must be a JSON object",
+            None,
+        ));
+    };
+    only_fields(&obj, known)?;
+    check_model(state, &obj)?;
+    Ok(obj)
 }
 
 /// A 400 naming the first field of `obj` not in `known`.
