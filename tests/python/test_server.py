@@ -71,6 +71,36 @@ def test_metrics_shape(stories):
         assert f"# TYPE {name} gauge" in r.text
 
 
+def test_latency_buckets_reach_hours(stories):
+    # vLLM's buckets (vllm/v1/metrics/loggers.py): a 10-minute request is in a bucket.
+    with stories.http() as h:
+        text = h.get("/metrics").text
+    for name, top in (("time_to_first_token_seconds", "2560"),
+                      ("inter_token_latency_seconds", "80"),
+                      ("e2e_request_latency_seconds", "7680")):
+        les = re.findall(rf'^nucleus:{name}_bucket\{{[^}}]*le="([^"]+)"', text, re.M)
+        assert les[-2:] == [top, "+Inf"], (name, les)
+
+
+def test_logit_bias_keys_are_canonical_ids(stories):
+    client = stories.client()
+    args = dict(model="tiny", prompt=PROMPT, max_tokens=2, temperature=0)
+    # A +100 bias on one id makes it the greedy choice.
+    r = client.completions.create(logit_bias={"300": 100}, **args)
+    with stories.http() as h:
+        d = h.post("/detokenize", json={"tokens": [300, 300]})
+    assert d.status_code == 200, d.text
+    # (A completion's first piece keeps SentencePiece's leading space; a decode from the start
+    # drops it.)
+    assert r.choices[0].text.lstrip() == d.json()["prompt"], (r.choices[0].text, d.text)
+    for key in ("01", "+1", " 1", "1.0", "-1"):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(logit_bias={key: 1}, **args)
+        err = error_of(e.value)
+        assert err["param"] == "logit_bias", err
+        assert repr(key).strip("'") in err["message"] or key in err["message"], err
+
+
 def test_models_and_health(stories):
     models = stories.client().models.list()
     assert [m.id for m in models.data] == ["tiny"]
@@ -134,6 +164,15 @@ def test_prompt_as_token_ids_and_echo(stories):
         r = h.post("/detokenize", json={"tokens": ids})
     assert r.status_code == 200, r.text
     assert r.json()["prompt"].strip() == PROMPT
+    # `echo` of token ids shows them as the completion is shown: the BOS the tokenizer added
+    # (`<s>`, id 1) only with skip_special_tokens false.
+    assert ids[0] == 1, ids
+    echo_ids = client.completions.create(prompt=ids, echo=True, **args).choices[0].text
+    assert "<s>" not in echo_ids
+    assert echo_ids == r.json()["prompt"] + text.choices[0].text
+    kept = client.completions.create(prompt=ids, echo=True, extra_body={
+        "skip_special_tokens": False}, **args).choices[0].text
+    assert kept.startswith("<s>"), kept
 
 
 def test_list_of_prompts(stories):
@@ -683,6 +722,8 @@ def test_api_key(keyed):
         r = h.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4})
         assert r.status_code == 401, r.text
         assert r.json()["error"]["type"] == "authentication_error"
+        # RFC 6750 section 3: the 401 names the scheme.
+        assert r.headers.get("www-authenticate") == "Bearer", r.headers
         r = h.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4},
                    headers={"Authorization": "Bearer wrong"})
         assert r.status_code == 401

@@ -53,17 +53,19 @@ impl Metrics {
                 registry.register(Box::new(h.clone()))?;
                 Ok(h)
             };
-        // vLLM's buckets (vllm/v1/metrics/loggers.py).
-        const TTFT: [f64; 18] = [
+        // vLLM's buckets (vllm/v1/metrics/loggers.py), out to hours: a slow CPU model's long
+        // requests land in a bucket, not only in +Inf.
+        const TTFT: [f64; 22] = [
             0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-            10.0, 20.0, 40.0,
+            10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
         ];
-        const ITL: [f64; 18] = [
+        const ITL: [f64; 19] = [
             0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-            10.0, 20.0, 40.0,
+            10.0, 20.0, 40.0, 80.0,
         ];
-        const E2E: [f64; 14] = [
-            0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 60.0,
+        const E2E: [f64; 21] = [
+            0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+            120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
         ];
         Ok(Self {
             running: gauge(

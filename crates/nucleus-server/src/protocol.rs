@@ -1027,9 +1027,18 @@ impl Fields<'_> {
             .ok_or_else(|| bad("logit_bias must be an object of token id -> bias".into()))?;
         o.iter()
             .map(|(k, b)| {
+                // The canonical decimal only: "01" or "+1" would alias "1", and of two keys
+                // for one id the second would silently replace the first.
                 let id: u32 = k
                     .parse()
-                    .map_err(|_| bad(format!("logit_bias key {k:?} is not a token id")))?;
+                    .ok()
+                    .filter(|id: &u32| id.to_string() == *k)
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "logit_bias key {k:?} is not a token id (a decimal integer without \
+                             sign or leading zeros)"
+                        ))
+                    })?;
                 let b = b
                     .as_f64()
                     .filter(|b| b.is_finite())

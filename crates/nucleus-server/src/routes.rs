@@ -266,7 +266,11 @@ fn prepare(state: &AppState, endpoint: Endpoint, body: &Value) -> Result<Prepare
                             Some("prompt"),
                         ));
                     }
-                    let text = tok.decode(ids, false).unwrap_or_default();
+                    // `echo` shows the prompt as the completion's text is shown: without
+                    // special tokens unless `skip_special_tokens` is false.
+                    let text = tok
+                        .decode(ids, parsed.skip_special_tokens)
+                        .unwrap_or_default();
                     Ok((ids.clone(), text))
                 }
             })
