@@ -74,6 +74,7 @@ const COMMON: &[&str] = &[
     "no_repeat_ngram_size",
     "repeat_penalty",
     "samplers",
+    "logprobs_mode",
 ];
 /// Fields of `/v1/completions` only.
 const COMPLETIONS: &[&str] = &["prompt", "echo"];
@@ -375,6 +376,36 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<Parsed, ApiError> {
         }
         params.logprobs = Some(k);
         params.logprobs_kind = LogprobsKind::Raw;
+    }
+    // A nucleus extension: vLLM's server-wide `--logprobs-mode`, per request. The processed
+    // kind is the distribution the token was drawn from (after the grammar, penalties,
+    // temperature and filters), which is what the page at `/` shows.
+    match f.get("logprobs_mode") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(m)) if m == "raw_logprobs" => {}
+        Some(Value::String(m)) if m == "processed_logprobs" => {
+            params.logprobs_kind = LogprobsKind::Processed;
+        }
+        Some(Value::String(m)) if m == "raw_logits" || m == "processed_logits" => {
+            return Err(ApiError::not_supported(
+                "logprobs_mode",
+                "logits are not reported; use raw_logprobs or processed_logprobs",
+            ))
+        }
+        Some(other) => {
+            return Err(ApiError::bad_request(
+                format!(
+                    "logprobs_mode must be \"raw_logprobs\" or \"processed_logprobs\", got {other}"
+                ),
+                Some("logprobs_mode"),
+            ))
+        }
+    }
+    if logprobs.is_none() && f.get("logprobs_mode").is_some_and(|v| !v.is_null()) {
+        return Err(ApiError::bad_request(
+            "logprobs_mode has no effect without logprobs",
+            Some("logprobs_mode"),
+        ));
     }
     let echo = f.bool("echo")?.unwrap_or(false);
     if echo && logprobs.is_some() {

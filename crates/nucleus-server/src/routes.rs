@@ -92,13 +92,26 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-async fn index(State(state): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({
-        "name": "nucleus serve",
-        "model": state.config.served_model_name,
-        "routes": ["/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
-                   "/metrics", "/tokenize", "/detokenize"],
-    }))
+/// The page at `/` (src/page/index.html): a completion and chat box that streams the text and
+/// shows, for each token, the candidates it was drawn from. One file, no external fetches.
+const PAGE: &str = include_str!("page/index.html");
+
+async fn index() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            // The page loads nothing from elsewhere and talks to this server only.
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+                 img-src data:; connect-src 'self'; base-uri 'none'; form-action 'none'; \
+                 frame-ancestors 'none'",
+            ),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        PAGE,
+    )
+        .into_response()
 }
 
 async fn health() -> Json<Value> {
