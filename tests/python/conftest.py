@@ -3,20 +3,16 @@ configuration (module-scoped), and the clients that talk to it."""
 
 from __future__ import annotations
 
-import array
-import json
 import os
-import random
-import shutil
 import signal
 import subprocess
-import sys
 import threading
-import time
 from pathlib import Path
 
 import openai
 import pytest
+
+from tiny_checkpoint import write_tiny_qwen3
 
 try:  # openai >= 3 ships its HTTP client as `httpx2`; older ones use `httpx`.
     import httpx2 as httpx
@@ -26,7 +22,6 @@ except ImportError:  # pragma: no cover
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared"
 STORIES = SHARED / "models" / "stories260K.gguf"
-MINIMIND_TOKENIZER = SHARED / "models" / "minimind-tokenizer"
 READY = "nucleus serve: listening on http://"
 START_TIMEOUT_S = 60.0
 
@@ -36,99 +31,10 @@ def nucleus_bin() -> Path:
     return Path(env) if env else REPO / "target" / "debug" / "nucleus"
 
 
-# --- the tiny random Qwen3 checkpoint --------------------------------------------------------
-
-QWEN3_CONFIG = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "model_type": "qwen3",
-    "vocab_size": 6400,
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 32,
-    "max_position_embeddings": 256,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000.0,
-    "hidden_act": "silu",
-    "tie_word_embeddings": True,
-    "attention_bias": False,
-    "use_sliding_window": False,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "torch_dtype": "float32",
-}
-
-
-def qwen3_tensors(seed: int = 1234) -> list[tuple[str, list[int], array.array]]:
-    """The tensors of the tiny Qwen3 (F32), drawn from a fixed-seed generator."""
-    rng = random.Random(seed)
-    c = QWEN3_CONFIG
-    h, inter, hd = c["hidden_size"], c["intermediate_size"], c["head_dim"]
-    q_out = c["num_attention_heads"] * hd
-    kv_out = c["num_key_value_heads"] * hd
-
-    def uniform(shape: list[int], scale: float, centre: float = 0.0):
-        count = 1
-        for d in shape:
-            count *= d
-        u = rng.uniform
-        return array.array("f", [centre + u(-scale, scale) for _ in range(count)])
-
-    out = [("model.embed_tokens.weight", [c["vocab_size"], h], 0.5, 0.0),
-           ("model.norm.weight", [h], 0.1, 1.0)]
-    for i in range(c["num_hidden_layers"]):
-        p = f"model.layers.{i}"
-        out += [
-            (f"{p}.input_layernorm.weight", [h], 0.1, 1.0),
-            (f"{p}.post_attention_layernorm.weight", [h], 0.1, 1.0),
-            (f"{p}.self_attn.q_norm.weight", [hd], 0.1, 1.0),
-            (f"{p}.self_attn.k_norm.weight", [hd], 0.1, 1.0),
-            (f"{p}.self_attn.q_proj.weight", [q_out, h], 0.125, 0.0),
-            (f"{p}.self_attn.k_proj.weight", [kv_out, h], 0.125, 0.0),
-            (f"{p}.self_attn.v_proj.weight", [kv_out, h], 0.125, 0.0),
-            (f"{p}.self_attn.o_proj.weight", [h, q_out], 0.09, 0.0),
-            (f"{p}.mlp.gate_proj.weight", [inter, h], 0.125, 0.0),
-            (f"{p}.mlp.up_proj.weight", [inter, h], 0.125, 0.0),
-            (f"{p}.mlp.down_proj.weight", [h, inter], 0.1, 0.0),
-        ]
-    return [(name, shape, uniform(shape, scale, centre)) for name, shape, scale, centre in out]
-
-
-def write_safetensors(path: Path, tensors: list[tuple[str, list[int], array.array]]) -> None:
-    """A safetensors file by hand: u64 LE header length, the JSON header padded with spaces
-    to a multiple of 8, then the raw little-endian bytes."""
-    header: dict[str, object] = {}
-    blobs = []
-    offset = 0
-    for name, shape, data in tensors:
-        if sys.byteorder != "little":
-            data = array.array("f", data)
-            data.byteswap()
-        raw = data.tobytes()
-        header[name] = {"dtype": "F32", "shape": shape,
-                        "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw)
-        offset += len(raw)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(len(text).to_bytes(8, "little"))
-        f.write(text)
-        for raw in blobs:
-            f.write(raw)
-
-
 @pytest.fixture(scope="session")
 def qwen3_dir(tmp_path_factory) -> Path:
     """A tiny random Qwen3 folder with MiniMind's tokenizer (and its ChatML template)."""
-    d = tmp_path_factory.mktemp("tiny-qwen3")
-    (d / "config.json").write_text(json.dumps(QWEN3_CONFIG, indent=1))
-    write_safetensors(d / "model.safetensors", qwen3_tensors())
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copyfile(MINIMIND_TOKENIZER / name, d / name)
-    return d
+    return write_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3"))
 
 
 # --- servers ---------------------------------------------------------------------------------

@@ -10,6 +10,7 @@
 pub mod moe;
 pub mod npu_sample;
 pub mod sampling;
+pub mod serve;
 
 use anyhow::{bail, Result};
 

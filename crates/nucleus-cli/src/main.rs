@@ -74,6 +74,10 @@ enum BenchCommand {
     /// Time moe_init_routing and moe_token_unpermute against a straightforward reference and
     /// memory-copy floors at decode and prefill shapes; prints a Markdown table.
     Moe(nucleus_cli::bench::moe::BenchMoeArgs),
+    /// Load-test `nucleus serve` over loopback: streams at several concurrencies, clients
+    /// that hang up mid-stream, a soak with the server's memory sampled; prints Markdown
+    /// tables and exits 1 when a request is lost or a check fails.
+    Serve(nucleus_cli::bench::serve::BenchServeArgs),
 }
 
 #[derive(Args, Debug)]
@@ -141,6 +145,8 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Sampling(a)) => Some(a.threads.max(1)),
         Command::Bench(BenchCommand::NpuSample(a)) => Some(a.threads.max(1)),
         Command::Bench(BenchCommand::Moe(a)) => Some(a.threads.max(1)),
+        // The server it starts is a process of its own, with its own --threads.
+        Command::Bench(BenchCommand::Serve(_)) => None,
     };
     if let Err(e) = nucleus_engine::threads::configure(explicit) {
         report::error(&e.to_string());
@@ -164,6 +170,9 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Moe(args)) => {
             nucleus_cli::bench::moe::run(&args, &mut Output(std::io::stdout()))
                 .map(|()| ExitCode::SUCCESS)
+        }
+        Command::Bench(BenchCommand::Serve(args)) => {
+            nucleus_cli::bench::serve::run(&args, &mut Output(std::io::stdout()))
         }
         Command::Grammar(GrammarCommand::Validate(args)) => {
             Ok(nucleus_cli::grammar::validate_command(&args))

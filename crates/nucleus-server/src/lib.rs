@@ -165,6 +165,14 @@ impl Server {
                 .await
                 .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
             on_listen(listener.local_addr()?);
+            // TCP_NODELAY, as uvicorn (vLLM's server) sets it: a stream's small SSE events
+            // go out at once instead of waiting for the client's delayed ACK (Nagle's
+            // algorithm held them up to 40 ms each).
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                if let Err(e) = tcp.set_nodelay(true) {
+                    tracing::warn!("cannot set TCP_NODELAY on a connection: {e}");
+                }
+            });
             axum::serve(listener, app)
                 .with_graceful_shutdown(shutdown_signal())
                 .await?;
