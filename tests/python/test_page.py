@@ -5,7 +5,8 @@ box, the API-key prompt, and chat mode. Every value the page shows is checked ag
 request made directly to the API (same seed, non-streaming).
 
 The screenshot of the first test's state (a token selected, its chart shown) is written to
-<repo>/target/test-artifacts/serve-page.png, and a smaller one to serve-page-small.png."""
+<repo>/target/test-artifacts/serve-page.png, a smaller one to serve-page-small.png (the one in
+docs/), and chat mode's to serve-page-chat.png."""
 
 from __future__ import annotations
 
@@ -359,7 +360,7 @@ def test_chat(driver, qwen3):
     assert by_id(d, "model").text == "qwen"
     by_id(d, "mode-chat").click()
     assert by_id(d, "mode-chat").get_attribute("aria-pressed") == "true"
-    params = dict(temperature=1, top_k=0, top_p=0.9, min_p=0, max_tokens=10, seed=11)
+    params = dict(temperature=1.5, top_k=40, top_p=0.95, min_p=0, max_tokens=10, seed=11)
     set_params(d, **params, top_logprobs=4, logprobs_mode="processed_logprobs")
     fill(d, "schema", "")
     fill(d, "prompt", "Tell me a story.")
@@ -382,4 +383,6 @@ def test_chat(driver, qwen3):
     e = content[0]
     assert_panel(d, 0, e["token"], e["logprob"],
                  [(t["token"], t["logprob"]) for t in e["top_logprobs"]], 4)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    d.save_screenshot(str(ARTIFACTS / "serve-page-chat.png"))
     assert console_errors(d) == []
