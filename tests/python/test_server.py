@@ -8,6 +8,7 @@ a tiny random Qwen3 written at test time with MiniMind's tokenizer (ChatML templ
 from __future__ import annotations
 
 import json
+import math
 import re
 import signal
 import socket
@@ -99,6 +100,42 @@ def test_logit_bias_keys_are_canonical_ids(stories):
         err = error_of(e.value)
         assert err["param"] == "logit_bias", err
         assert repr(key).strip("'") in err["message"] or key in err["message"], err
+
+
+def test_logprobs_mode_processed_is_the_distribution_drawn_from(stories):
+    client = stories.client()
+    args = dict(model="tiny", prompt=PROMPT, max_tokens=6, seed=3, logprobs=5)
+    raw = client.completions.create(extra_body={"top_k": 2}, **args).choices[0].logprobs
+    processed = client.completions.create(
+        extra_body={"top_k": 2, "logprobs_mode": "processed_logprobs"}, **args).choices[0].logprobs
+    # The same seed draws the same tokens whichever distribution is reported.
+    assert processed.tokens == raw.tokens
+    for pos, (r, p) in enumerate(zip(raw.top_logprobs, processed.top_logprobs)):
+        assert all(v > -9999.0 for v in r.values()), r
+        kept = {t: v for t, v in p.items() if v > -9999.0}
+        # top_k 2 keeps two candidates (ties aside), renormalised to 1 at temperature 1.
+        assert len(kept) == 2, p
+        assert abs(sum(math.exp(v) for v in kept.values()) - 1.0) < 1e-5, p
+        # The kept ones are the raw two most likely, in the same order.
+        raw_top2 = sorted(r, key=r.get, reverse=True)[:2]
+        assert sorted(kept) == sorted(raw_top2), (pos, r, p)
+        assert processed.tokens[pos] in kept
+
+
+@pytest.mark.parametrize("extra, param, code", [
+    ({"logprobs_mode": "processed_logprobs"}, "logprobs_mode", None),  # without logprobs
+    ({"logprobs_mode": "raw_logits", "logprobs": 1}, "logprobs_mode", "not_supported"),
+    ({"logprobs_mode": "processed", "logprobs": 1}, "logprobs_mode", None),
+    ({"logprobs_mode": 1, "logprobs": 1}, "logprobs_mode", None),
+])
+def test_logprobs_mode_refusals(stories, extra, param, code):
+    with stories.http() as h:
+        r = h.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, **extra})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param, err
+    if code:
+        assert err["code"] == code, err
 
 
 def test_models_and_health(stories):
