@@ -36,7 +36,8 @@ if [ "$mode" = --short ]; then
         --requests 20 --fault-requests 20 --fault-concurrency 8
 else
     "$bin" bench serve --model "$stories" --threads 1 --concurrency 1,8,32 --requests 500 \
-        --fault-requests 200 --fault-concurrency 32 --soak-seconds 600 --rss-interval 10
+        --fault-requests 200 --fault-concurrency 32 --soak-seconds 600 --rss-interval 10 \
+        --max-rss-growth-mib 8
     "$bin" bench serve --model "$qwen3" --endpoint chat --threads 1 --concurrency 1,8,32 \
         --requests 500 --fault-requests 200 --fault-concurrency 32
 fi

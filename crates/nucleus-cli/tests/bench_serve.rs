@@ -130,11 +130,67 @@ fn bad_flags_are_usage_errors() {
             &["--requests", "0", "--fault-requests", "0"][..],
             "nothing to run",
         ),
+        (
+            &["--fault-requests", "5", "--max-tokens", "4"][..],
+            "the fault phase needs --max-tokens 8 or more",
+        ),
+        (
+            &["--soak-seconds", "3", "--rss-interval", "2"][..],
+            "--soak-seconds 3 must be at least twice --rss-interval 2",
+        ),
+        (&["--soak-seconds", "604801"][..], "604801"),
+        (&["--max-num-seqs", "0"][..], "--max-num-seqs"),
     ] {
         let out = bench(args);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains(message), "{args:?}: {stderr}");
         assert!(out.stdout.is_empty(), "{args:?}");
+    }
+}
+
+#[test]
+fn the_server_ends_with_the_bench() {
+    use std::io::{BufRead, BufReader};
+    use std::net::TcpStream;
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    // A run far longer than the test, killed with SIGKILL once its server listens: nothing
+    // of the bench runs after that, and its server must go too (it would serve forever).
+    let mut bench = Command::new(env!("CARGO_BIN_EXE_nucleus"))
+        .args(["bench", "serve", "--model", &stories(), "--threads", "1"])
+        .args([
+            "--requests",
+            "100000",
+            "--concurrency",
+            "2",
+            "--fault-requests",
+            "0",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("nucleus runs");
+    let mut first = String::new();
+    BufReader::new(bench.stdout.take().expect("stdout"))
+        .read_line(&mut first)
+        .expect("the first line");
+    // "nucleus bench serve: MODEL over /v1/completions at http://127.0.0.1:PORT: ..."
+    let addr = first
+        .split(" at http://")
+        .nth(1)
+        .and_then(|rest| rest.split(": ").next())
+        .expect("the server's address")
+        .to_string();
+    assert!(TcpStream::connect(&addr).is_ok(), "{first}");
+    bench.kill().expect("kill");
+    bench.wait().expect("wait");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while TcpStream::connect(&addr).is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "the server at {addr} still answers 30 s after its bench was killed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
 }

@@ -984,7 +984,10 @@ impl Fields<'_> {
         self.get(key)
             .map(|v| {
                 v.as_i64().ok_or_else(|| {
-                    ApiError::bad_request(format!("{key} must be an integer"), Some(key))
+                    ApiError::bad_request(
+                        format!("{key} must be an integer from -2^63 to 2^63 - 1, got {v}"),
+                        Some(key),
+                    )
                 })
             })
             .transpose()

@@ -341,7 +341,8 @@ fn prepare(state: &AppState, endpoint: Endpoint, body: &Value) -> Result<Prepare
             ));
         }
         if let Some(m) = parsed.max_tokens {
-            if ids.len() + m > max_len {
+            // Saturating: max_tokens may be as large as a u64.
+            if ids.len().saturating_add(m) > max_len {
                 let field = if body.get("max_completion_tokens").is_some() {
                     "max_completion_tokens"
                 } else {
@@ -461,7 +462,11 @@ async fn generate(
     }
 
     // Admission: at most max_num_seqs running and max_queue waiting.
-    let capacity = state.config.max_num_seqs + state.config.max_queue;
+    // Saturating: --max-queue may be as large as a usize.
+    let capacity = state
+        .config
+        .max_num_seqs
+        .saturating_add(state.config.max_queue);
     let before = state.counts.in_system.fetch_add(1, Ordering::SeqCst);
     let mut admission = Admission(state.counts.clone(), true);
     if before >= capacity {

@@ -608,3 +608,28 @@ fn stop_strings_wait_for_min_tokens() {
         "{held}"
     );
 }
+
+#[test]
+fn sizes_at_the_top_of_their_type_are_400s_or_work_not_overflows() {
+    // --max-queue as large as a usize: admission saturates instead of overflowing (a 500).
+    let base = start(|c| c.max_queue = usize::MAX);
+    let (status, v) = post(
+        &base,
+        "/v1/completions",
+        &json!({"prompt": "Once upon a time", "max_tokens": 2}),
+    );
+    assert_eq!(status, 200, "{v}");
+    // max_tokens near 2^64: the prompt and it are added without overflowing, a 400 on the field.
+    for m in [u64::MAX, u64::MAX - 4] {
+        let (status, v) = post(
+            &base,
+            "/v1/completions",
+            &json!({"prompt": "Once upon a time", "max_tokens": m}),
+        );
+        assert_eq!(
+            (status, v["error"]["param"].as_str()),
+            (400, Some("max_tokens")),
+            "{v}"
+        );
+    }
+}

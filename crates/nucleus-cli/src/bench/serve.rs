@@ -64,7 +64,7 @@ pub struct BenchServeArgs {
     #[arg(long, default_value_t = 32)]
     pub max_tokens: usize,
     /// The load phase's concurrent streams: one run per value, comma-separated.
-    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 8, 32])]
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
     pub concurrency: Vec<usize>,
     /// Requests of each load run (0: no load phase).
     #[arg(long, default_value_t = 500)]
@@ -76,24 +76,26 @@ pub struct BenchServeArgs {
     #[arg(long, default_value_t = 32)]
     pub fault_concurrency: usize,
     /// The share of the fault phase's requests that hang up mid-stream (spread evenly: 0.2 is
-    /// every fifth), each after 1 to max_tokens/2 chunks of text.
+    /// every fifth), each after 1 to max_tokens/2 chunks of text (so the fault phase needs
+    /// --max-tokens 8 or more).
     #[arg(long, default_value_t = 0.2)]
     pub disconnect_fraction: f64,
-    /// Seconds of the soak phase (0: no soak phase).
-    #[arg(long, default_value_t = 0)]
+    /// Seconds of the soak phase (0: no soak phase; at most a week).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=604_800))]
     pub soak_seconds: u64,
     /// Concurrent streams of the soak phase.
     #[arg(long, default_value_t = 8)]
     pub soak_concurrency: usize,
-    /// Seconds between two samples of the server's resident memory in the soak.
-    #[arg(long, default_value_t = 10)]
+    /// Seconds between two samples of the server's resident memory in the soak (at most half
+    /// the soak).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=302_400))]
     pub rss_interval: u64,
     /// The most the server's resident memory may grow in the soak, in MiB: the largest sample
     /// against the first sample at or after the warm-up (a sixth of the soak, at most 60 s).
     #[arg(long, default_value_t = 32)]
     pub max_rss_growth_mib: u64,
     /// The server's `--max-num-seqs`.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub max_num_seqs: u32,
     /// The server's `--max-queue`.
     #[arg(long, default_value_t = 256)]
@@ -101,8 +103,8 @@ pub struct BenchServeArgs {
     /// The server's `--threads` (default: its own default).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub threads: Option<u32>,
-    /// Seconds one request may take before it counts as lost.
-    #[arg(long, default_value_t = 120)]
+    /// Seconds one request may take before it counts as lost (at most a day).
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub request_timeout: u64,
 }
 
@@ -122,8 +124,11 @@ pub fn run(args: &BenchServeArgs, out: &mut dyn Write) -> Result<ExitCode> {
     let died = server.exited();
     server.stop();
     let mut failures = result?;
-    if died {
-        failures.push("the server process ended during the run".into());
+    if let Some(status) = died {
+        failures.push(format!(
+            "the server process ended during the run ({status}); its last words: {}",
+            server.tail()
+        ));
     }
     if failures.is_empty() {
         writeln!(out, "\nall checks passed")?;
@@ -147,17 +152,30 @@ fn check(args: &BenchServeArgs) -> Result<()> {
     if args.fault_requests > 0 && args.fault_concurrency == 0 {
         return usage("--fault-concurrency must be at least 1".into());
     }
+    // A hang-up after at most half the tokens leaves the server 4 or more tokens in which to
+    // notice it, so that every hang-up is an abort.
+    if args.fault_requests > 0 && args.max_tokens < 8 {
+        return usage(format!(
+            "the fault phase needs --max-tokens 8 or more (its clients hang up after at most \
+             half of them), got {}",
+            args.max_tokens
+        ));
+    }
     if !(0.0..=1.0).contains(&args.disconnect_fraction) {
         return usage(format!(
             "--disconnect-fraction must be in [0, 1], got {}",
             args.disconnect_fraction
         ));
     }
-    if args.soak_seconds > 0 && (args.soak_concurrency == 0 || args.rss_interval == 0) {
-        return usage("--soak-concurrency and --rss-interval must be at least 1".into());
+    if args.soak_seconds > 0 && args.soak_concurrency == 0 {
+        return usage("--soak-concurrency must be at least 1".into());
     }
-    if args.request_timeout == 0 {
-        return usage("--request-timeout must be at least 1".into());
+    // Two samples at least after the warm-up, or the memory check measures nothing.
+    if args.soak_seconds > 0 && args.soak_seconds < 2 * args.rss_interval {
+        return usage(format!(
+            "--soak-seconds {} must be at least twice --rss-interval {}",
+            args.soak_seconds, args.rss_interval
+        ));
     }
     if args.requests == 0 && args.fault_requests == 0 && args.soak_seconds == 0 {
         return usage(
@@ -174,7 +192,12 @@ const NAME: &str = "bench";
 struct ServerProcess {
     child: Child,
     base: String,
+    /// The last lines the server wrote on stderr (a panic message, a warning).
+    tail: Arc<Mutex<std::collections::VecDeque<String>>>,
 }
+
+/// How many of the server's last stderr lines are kept.
+const TAIL_LINES: usize = 20;
 
 impl ServerProcess {
     fn start(model: &str, args: &BenchServeArgs) -> Result<Self> {
@@ -199,23 +222,47 @@ impl ServerProcess {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
+        // The server ends with the bench, however the bench ends (a signal to its pid alone
+        // included): the kernel sends it SIGTERM when its parent dies.
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+            unsafe {
+                cmd.pre_exec(|| {
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) == -1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         let mut child = cmd.spawn().context("starting nucleus serve")?;
         let stderr = child.stderr.take().context("the server's stderr")?;
         let (tx, rx) = std::sync::mpsc::channel::<String>();
-        // Reads the server's stderr to its end: the address line goes to `tx`, the rest is
-        // kept for the error message if the server does not start.
-        std::thread::spawn(move || {
-            let mut sent = false;
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if !sent {
-                    let ready = line.starts_with("nucleus serve: listening on http://");
-                    sent = ready;
-                    if tx.send(line).is_err() {
-                        sent = true;
+        let tail = Arc::new(Mutex::new(std::collections::VecDeque::new()));
+        // Reads the server's stderr to its end: every line goes to `tx` until the address
+        // line, and the last TAIL_LINES are kept for the report.
+        {
+            let tail = tail.clone();
+            std::thread::spawn(move || {
+                let mut tx = Some(tx);
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    if let Ok(mut t) = tail.lock() {
+                        if t.len() == TAIL_LINES {
+                            t.pop_front();
+                        }
+                        t.push_back(line.clone());
+                    }
+                    if let Some(sender) = &tx {
+                        let ready = line.starts_with("nucleus serve: listening on http://");
+                        if sender.send(line).is_err() || ready {
+                            tx = None;
+                        }
                     }
                 }
-            }
-        });
+            });
+        }
         let deadline = Instant::now() + Duration::from_secs(120);
         let mut lines = Vec::new();
         loop {
@@ -226,15 +273,24 @@ impl ServerProcess {
                         return Ok(Self {
                             child,
                             base: url.trim().to_string(),
+                            tail,
                         });
                     }
                     lines.push(line);
                 }
-                Err(_) => {
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    // Its stderr closed: the server ended before it listened.
+                    let status = child.wait().context("waiting for nucleus serve")?;
+                    bail!(
+                        "nucleus serve ended ({status}) before it listened; it said: {}",
+                        lines.join(" | ")
+                    );
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                     let _ = child.kill();
                     let _ = child.wait();
                     bail!(
-                        "nucleus serve did not start within 120 s; it said: {}",
+                        "nucleus serve did not listen within 120 s; it said: {}",
                         lines.join(" | ")
                     );
                 }
@@ -246,9 +302,21 @@ impl ServerProcess {
         self.child.id()
     }
 
-    /// Whether the server process has ended.
-    fn exited(&mut self) -> bool {
-        !matches!(self.child.try_wait(), Ok(None))
+    /// How the server process ended, if it has.
+    fn exited(&mut self) -> Option<String> {
+        match self.child.try_wait() {
+            Ok(None) => None,
+            Ok(Some(status)) => Some(status.to_string()),
+            Err(e) => Some(format!("unknown ({e})")),
+        }
+    }
+
+    /// The server's last stderr lines, joined.
+    fn tail(&self) -> String {
+        self.tail
+            .lock()
+            .map(|t| t.iter().cloned().collect::<Vec<_>>().join(" | "))
+            .unwrap_or_default()
     }
 
     fn stop(&mut self) {
@@ -321,16 +389,12 @@ impl Tally {
             500..=599 => self.c5xx += 1,
             _ => self.lost += 1,
         }
+        // The first five distinct errors, for the report.
         if let Some(e) = o.error {
-            if self.errors.len() < 5 {
+            if self.errors.len() < 5 && !self.errors.contains(&e) {
                 self.errors.push(e);
             }
         }
-    }
-
-    /// Answered or refused, or hung up by us: every request accounted for.
-    fn accounted(&self) -> usize {
-        self.ok + self.c4xx + self.c503 + self.c5xx + self.hung_up
     }
 }
 
@@ -365,7 +429,7 @@ async fn one_request(
     let response = match client.post(url).json(body).send().await {
         Ok(r) => r,
         Err(e) => {
-            o.error = Some(format!("sending: {e}"));
+            o.error = Some(format!("sending: {}", chain(&e)));
             return o;
         }
     };
@@ -388,7 +452,7 @@ async fn one_request(
             Ok(Some(p)) => p,
             Ok(None) => break,
             Err(e) => {
-                o.error = Some(format!("reading the stream: {e}"));
+                o.error = Some(format!("reading the stream: {}", chain(&e)));
                 return o;
             }
         };
@@ -448,6 +512,20 @@ async fn one_request(
         o.status = 0;
     }
     o
+}
+
+/// `e` and its causes, `: `-separated; a timeout says so.
+fn chain(e: &reqwest::Error) -> String {
+    let mut parts = vec![e.to_string()];
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        parts.push(s.to_string());
+        source = s.source();
+    }
+    if e.is_timeout() {
+        parts.push("--request-timeout passed".into());
+    }
+    parts.join(": ")
 }
 
 /// Whether request `i` is one of the share `f` that hang up: spread evenly, `floor((i + 1) f)`
@@ -536,16 +614,23 @@ async fn metric(client: &reqwest::Client, base: &str, name: &str) -> Result<f64>
 }
 
 /// Waits up to `limit` for running and waiting to be 0; the seconds it took.
-async fn drained(client: &reqwest::Client, base: &str, limit: Duration) -> Result<Option<f64>> {
+///
+/// # Errors
+/// `/metrics` cannot be read, or the server is not back at 0 within `limit`.
+async fn drained(client: &reqwest::Client, base: &str, limit: Duration) -> Result<f64> {
     let start = Instant::now();
     loop {
         let running = metric(client, base, "nucleus:num_requests_running").await?;
         let waiting = metric(client, base, "nucleus:num_requests_waiting").await?;
         if running == 0.0 && waiting == 0.0 {
-            return Ok(Some(start.elapsed().as_secs_f64()));
+            return Ok(start.elapsed().as_secs_f64());
         }
         if start.elapsed() > limit {
-            return Ok(None);
+            bail!(
+                "the server was not back at 0 running and 0 waiting {} s after the last \
+                 answer ({running} running, {waiting} waiting)",
+                limit.as_secs()
+            );
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -590,13 +675,6 @@ fn row(out: &mut dyn Write, phase: &str, streams: usize, t: &mut Tally, wall: f6
 
 /// The checks every phase shares; failures appended to `failures`.
 fn check_tally(phase: &str, t: &Tally, failures: &mut Vec<String>) {
-    if t.accounted() + t.lost != t.sent {
-        failures.push(format!(
-            "{phase}: {} requests sent, {} accounted for",
-            t.sent,
-            t.accounted() + t.lost
-        ));
-    }
     if t.lost > 0 || t.c4xx > 0 || t.c5xx > 0 {
         failures.push(format!(
             "{phase}: {} lost, {} 4xx, {} 5xx (first errors: {})",
@@ -669,20 +747,21 @@ async fn phases_local(
 
     if args.requests > 0 {
         for &c in &args.concurrency {
+            let phase = format!("load at {c} streams");
             let (mut t, wall) = drive(&target, c, Some(args.requests), None, |_| None).await;
             row(out, "load", c, &mut t, wall)?;
-            check_tally(&format!("load at {c} streams"), &t, &mut failures);
-            if drained(&client, &base, drain_limit).await?.is_none() {
-                failures.push(format!("load at {c} streams: the server did not drain"));
+            check_tally(&phase, &t, &mut failures);
+            if let Err(e) = drained(&client, &base, drain_limit).await {
+                failures.push(format!("{phase}: {e:#}"));
             }
         }
     }
 
     let mut fault_line = None;
     if args.fault_requests > 0 {
-        let aborted_before = metric(&client, &base, "nucleus:request_aborted_total").await?;
+        let aborted_before = metric(&client, &base, "nucleus:request_aborted_total").await;
         let f = args.disconnect_fraction;
-        let half = (args.max_tokens / 2).max(1);
+        let half = args.max_tokens / 2;
         let hang_up = move |i: usize| picked(i, f).then_some(1 + i % half);
         let (mut t, wall) = drive(
             &target,
@@ -694,37 +773,47 @@ async fn phases_local(
         .await;
         row(out, "faults", args.fault_concurrency, &mut t, wall)?;
         check_tally("faults", &t, &mut failures);
-        let expected_hang_ups = (0..args.fault_requests)
+        let meant = (0..args.fault_requests)
             .filter(|&i| hang_up(i).is_some())
             .count();
-        if t.hung_up != expected_hang_ups || t.ok != args.fault_requests - expected_hang_ups {
+        let rest = args.fault_requests - meant;
+        if t.hung_up != meant || t.ok != rest {
             failures.push(format!(
-                "faults: {} hung up (of {expected_hang_ups} meant to) and {} completed (of {})",
-                t.hung_up,
-                t.ok,
-                args.fault_requests - expected_hang_ups
+                "faults: {} hung up (of {meant} meant to) and {} of the other {rest} completed \
+                 ({} refused with 503, {} lost, {} 4xx, {} other 5xx)",
+                t.hung_up, t.ok, t.c503, t.lost, t.c4xx, t.c5xx
             ));
         }
-        let drain = drained(&client, &base, drain_limit).await?;
-        let aborted =
-            metric(&client, &base, "nucleus:request_aborted_total").await? - aborted_before;
-        match drain {
-            Some(s) => {
+        let drain = drained(&client, &base, drain_limit).await;
+        let aborted_after = metric(&client, &base, "nucleus:request_aborted_total").await;
+        match (drain, aborted_before, aborted_after) {
+            (Ok(s), Ok(before), Ok(after)) => {
+                let aborted = (after - before).round() as usize;
+                // Every client that hung up left the server tokens to generate for it.
+                if aborted != t.hung_up {
+                    failures.push(format!(
+                        "faults: {} clients hung up mid-stream but the server aborted {aborted}",
+                        t.hung_up
+                    ));
+                }
                 fault_line = Some(format!(
-                    "faults: {} of {} requests hung up mid-stream, the other {} completed; \
-                     the server aborted {aborted} and was back at 0 running and 0 waiting \
-                     {:.0} ms after the last answer",
+                    "faults: {} of {} requests hung up mid-stream, {} of the other {rest} \
+                     completed; the server aborted {aborted} and was back at 0 running and 0 \
+                     waiting {:.0} ms after the last answer",
                     t.hung_up,
                     t.sent,
                     t.ok,
                     s * 1e3
-                ))
+                ));
             }
-            None => failures.push(format!(
-                "faults: the server was not back at 0 running and 0 waiting {} s after the \
-                 last answer",
-                drain_limit.as_secs()
-            )),
+            (drain, before, after) => {
+                for e in [drain.err(), before.err(), after.err()]
+                    .into_iter()
+                    .flatten()
+                {
+                    failures.push(format!("faults: {e:#}"));
+                }
+            }
         }
     }
 
