@@ -119,9 +119,18 @@ impl Server {
         let (c, m) = (counts.clone(), metrics.clone());
         let mut engine = model.engine;
         let grammars = engine.shared_grammar_compiler().ok();
+        // The step loop runs on a thread of a rayon pool of its own, the size of the global
+        // one (`--threads`): the model's and the sampler's parallel work inside a step then
+        // starts from a pool thread, inline or stolen, instead of being injected from outside
+        // and waited for (a futex wake and a sleep per parallel call: most of a small model's
+        // step, `perf` showed). A pool of its own leaves the global one to the HTTP threads.
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(rayon::current_num_threads())
+            .thread_name(|i| format!("nucleus-engine-{i}"))
+            .build()?;
         let engine_thread = std::thread::Builder::new()
             .name("nucleus-engine".into())
-            .spawn(move || worker::run(engine, rx, worker_config, c, m))?;
+            .spawn(move || pool.install(move || worker::run(engine, rx, worker_config, c, m)))?;
         let created = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
