@@ -1,0 +1,182 @@
+"""nucleus: the decode step of LLM inference, exactly to a written contract, on NumPy arrays.
+
+The sampler of the Rust crate ``nucleus-sampling`` (README.md, "Python"; the contract is
+``spec/sampling.md`` in the project's shared folder): per row, temperature, min-p, top-k and
+top-p in that fixed order, then one draw from the row's own counter-based Philox4x32-10
+stream at ``(seed, position)``, so a row's token depends on its logits, parameters, seed and
+position only, never on the batch, its order or the thread count.
+
+Logits are read in place (no copy) when their rows are contiguous: float32, float16 or
+``ml_dtypes.bfloat16``, C-contiguous or with a row stride (``big[:, :vocab]``). Every
+parameter is a scalar for all rows or an array of one value per row (FlashInfer's
+convention). The Rust work runs with the GIL released.
+"""
+
+from __future__ import annotations
+
+from typing import List, NamedTuple, Optional
+
+import numpy as np
+
+from . import _core
+
+__all__ = [
+    "NucleusError",
+    "SamplingError",
+    "SampleResult",
+    "sample",
+    "distribution",
+    "__version__",
+]
+
+__version__: str = _core.__version__
+
+
+class NucleusError(ValueError):
+    """The base of nucleus's errors (a ``ValueError``)."""
+
+
+class SamplingError(NucleusError):
+    """One row's sampling error: ``kind`` is the Rust ``SampleError`` variant
+    (``NonFiniteLogits``, ``NoCandidates``, ``InvalidParams``, ...), ``row`` the row index."""
+
+    def __init__(self, kind: str, message: str, row: int):
+        super().__init__(f"row {row}: {message}")
+        self.kind = kind
+        self.message = message
+        self.row = row
+
+
+class SampleResult(NamedTuple):
+    """What :func:`sample` returns.
+
+    - ``token_ids``: int64 ``[batch]``, -1 for a row that failed;
+    - ``logprobs``: float64 ``[batch]``, the chosen token's natural-log probability under the
+      final distribution (0 for greedy), NaN for a row that failed;
+    - ``errors``: one entry per row, ``None`` or the row's :class:`SamplingError` (returned,
+      not raised: the other rows are sampled).
+    """
+
+    token_ids: np.ndarray
+    logprobs: np.ndarray
+    errors: List[Optional[SamplingError]]
+
+
+_LOGIT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _logits_2d(logits) -> np.ndarray:
+    if not isinstance(logits, np.ndarray):
+        raise TypeError(f"logits must be a numpy.ndarray, got {type(logits).__name__}")
+    if logits.dtype.name not in _LOGIT_DTYPES:
+        raise TypeError(
+            f"logits must be float32, float16 or bfloat16 (ml_dtypes), got {logits.dtype}; "
+            "cast them first (nucleus does not convert behind your back)")
+    if logits.ndim == 1:
+        return logits[None, :]
+    if logits.ndim != 2:
+        raise ValueError(f"logits must be [batch, vocab] or [vocab], got shape {logits.shape}")
+    return logits
+
+
+def _per_row(name: str, value, batch: int, kind: str) -> np.ndarray:
+    """``value`` as a C-contiguous array of one value per row: float64 for ``kind`` "float",
+    int64 for "int", uint64 for "uint". An integer parameter given a non-integer is refused."""
+    a = np.asarray(value)
+    if a.ndim > 1 or (a.ndim == 1 and a.shape[0] != batch):
+        raise ValueError(f"{name} must be a scalar or have shape ({batch},), got shape {a.shape}")
+    if kind == "float":
+        if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
+            raise TypeError(f"{name} must be a number, got dtype {a.dtype}")
+        out = a.astype(np.float64)
+    else:
+        if not np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_:
+            raise TypeError(f"{name} must be an integer, got dtype {a.dtype}")
+        if kind == "uint":
+            if a.size and np.any(a < 0):
+                raise ValueError(f"{name} must be >= 0")
+            out = a.astype(np.uint64)
+        else:
+            if a.dtype == np.uint64 and a.size and np.any(a > np.iinfo(np.int64).max):
+                raise ValueError(f"{name} must be below 2**63")
+            out = a.astype(np.int64)
+    return np.ascontiguousarray(np.broadcast_to(out, (batch,)))
+
+
+def _rows(batch, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
+          frequency_penalty, seed, position):
+    return (
+        _per_row("temperature", temperature, batch, "float"),
+        _per_row("top_k", top_k, batch, "int"),
+        _per_row("top_p", top_p, batch, "float"),
+        _per_row("min_p", min_p, batch, "float"),
+        _per_row("repetition_penalty", repetition_penalty, batch, "float"),
+        _per_row("presence_penalty", presence_penalty, batch, "float"),
+        _per_row("frequency_penalty", frequency_penalty, batch, "float"),
+        None if seed is None else _per_row("seed", seed, batch, "uint"),
+        _per_row("position", position, batch, "uint"),
+    )
+
+
+def _errors(raw) -> List[Optional[SamplingError]]:
+    return [None if e is None else SamplingError(e[0], e[1], i) for i, e in enumerate(raw)]
+
+
+def sample(logits: np.ndarray, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+           repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
+           seed=None, position=0, vocab_size: Optional[int] = None) -> SampleResult:
+    """Sample one token per row of ``logits``.
+
+    Args:
+        logits: ``[batch, row_len]`` (or ``[row_len]``: one row) float32, float16 or
+            ``ml_dtypes.bfloat16``; rows contiguous, any row stride; read, never written.
+        temperature: float, scalar or ``[batch]``; below 1e-5 is greedy (spec step 6).
+        top_k: int, scalar or ``[batch]``; 0 or -1 is off, larger than the vocabulary is off.
+        top_p: float in (0, 1], scalar or ``[batch]``; 1 is off.
+        min_p: float in [0, 1], scalar or ``[batch]``; 0 is off.
+        repetition_penalty, presence_penalty, frequency_penalty: floats, scalar or
+            ``[batch]`` (without prompt or output ids they have nothing to count here).
+        seed: int in [0, 2**64), scalar or ``[batch]``: each row's Philox key. ``None``: each row
+            draws a seed from the OS (not reproducible).
+        position: int >= 0, scalar or ``[batch]``: each row's Philox position counter (the index
+            of the token being chosen in its sequence).
+        vocab_size: the candidate ids per row, default ``row_len``; ids at or above it are
+            padding and never chosen.
+
+    Returns:
+        :class:`SampleResult` ``(token_ids int64[batch], logprobs float64[batch], errors)``.
+
+    Raises:
+        TypeError: logits not a NumPy array of a supported dtype, a parameter of the wrong type.
+        ValueError: a shape that does not fit (a parameter array of another length, rows that
+            are not contiguous, ``vocab_size`` outside ``1..=row_len``). A bad parameter *value*
+            (``top_p = 2``) is a per-row :class:`SamplingError` of kind ``InvalidParams``.
+    """
+    x = _logits_2d(logits)
+    batch, row_len = x.shape
+    vocab = row_len if vocab_size is None else int(vocab_size)
+    args = _rows(batch, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
+                 frequency_penalty, seed, position)
+    tokens, logprobs, errors = _core.sample(x, x.dtype.name, vocab, *args)
+    return SampleResult(tokens, logprobs, _errors(errors))
+
+
+def distribution(logits: np.ndarray, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+                 repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
+                 seed=None, position=0, vocab_size: Optional[int] = None):
+    """The exact final distribution :func:`sample` draws each row's token from.
+
+    Arguments as :func:`sample` (float16 and bfloat16 logits are widened to float32, which is
+    exact). Returns ``(probs, errors)``: ``probs`` float64 ``[batch, row_len]`` (0 at padding
+    ids and removed tokens; one-hot for greedy; NaN for a row that failed) and one
+    ``None`` or :class:`SamplingError` per row.
+    """
+    x = _logits_2d(logits)
+    if x.dtype.name != "float32":
+        x = x.astype(np.float32)
+    batch, row_len = x.shape
+    vocab = row_len if vocab_size is None else int(vocab_size)
+    args = _rows(batch, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
+                 frequency_penalty, seed, position)
+    probs, errors = _core.distribution_f32(x, vocab, *args)
+    return probs.reshape(batch, row_len), _errors(errors)

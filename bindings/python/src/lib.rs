@@ -1,0 +1,317 @@
+//! `nucleus._core`: the Rust side of the Python package `nucleus` (bindings/python/python/nucleus).
+//!
+//! The functions here take arrays already normalised by the Python wrapper (`nucleus/__init__.py`):
+//! the logits a 2-D NumPy array of float32, float16 or bfloat16 (`ml_dtypes.bfloat16`) whose
+//! rows are contiguous (any row stride, read in place without a copy), and every per-row
+//! parameter a C-contiguous 1-D array of its dtype with one value per row. The work runs with
+//! the GIL released (`Python::detach`).
+
+use half::{bf16, f16};
+use nucleus_sampling::{
+    distribution, sample_batch, LogitValue, LogitsView, SampleError, SampleOutput, SampleRequest,
+    SamplingParams,
+};
+use numpy::{
+    IntoPyArray, PyArray1, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2,
+    PyUntypedArrayMethods,
+};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+/// The per-row parameters, one value per row each (`nucleus.sample`'s keywords).
+struct Rows<'py> {
+    temperature: PyReadonlyArray1<'py, f64>,
+    top_k: PyReadonlyArray1<'py, i64>,
+    top_p: PyReadonlyArray1<'py, f64>,
+    min_p: PyReadonlyArray1<'py, f64>,
+    repetition_penalty: PyReadonlyArray1<'py, f64>,
+    presence_penalty: PyReadonlyArray1<'py, f64>,
+    frequency_penalty: PyReadonlyArray1<'py, f64>,
+    /// `None`: every row draws a seed from the OS.
+    seed: Option<PyReadonlyArray1<'py, u64>>,
+    position: PyReadonlyArray1<'py, u64>,
+}
+
+impl Rows<'_> {
+    /// Row `i`'s parameters (the arrays are checked to hold `batch` values first).
+    fn params(&self, i: usize) -> PyResult<SamplingParams> {
+        let f = |a: &PyReadonlyArray1<'_, f64>| -> PyResult<f64> {
+            Ok(a.as_slice().map_err(value_error)?[i])
+        };
+        Ok(SamplingParams {
+            temperature: f(&self.temperature)?,
+            top_k: self.top_k.as_slice().map_err(value_error)?[i],
+            top_p: f(&self.top_p)?,
+            min_p: f(&self.min_p)?,
+            repetition_penalty: f(&self.repetition_penalty)?,
+            presence_penalty: f(&self.presence_penalty)?,
+            frequency_penalty: f(&self.frequency_penalty)?,
+            seed: match &self.seed {
+                Some(s) => Some(s.as_slice().map_err(value_error)?[i]),
+                None => None,
+            },
+            ..SamplingParams::default()
+        })
+    }
+
+    fn check(&self, batch: usize) -> PyResult<()> {
+        let lens = [
+            ("temperature", self.temperature.len()),
+            ("top_k", self.top_k.len()),
+            ("top_p", self.top_p.len()),
+            ("min_p", self.min_p.len()),
+            ("repetition_penalty", self.repetition_penalty.len()),
+            ("presence_penalty", self.presence_penalty.len()),
+            ("frequency_penalty", self.frequency_penalty.len()),
+            ("position", self.position.len()),
+        ];
+        for (name, len) in lens {
+            if len != batch {
+                return Err(PyValueError::new_err(format!(
+                    "{name} has {len} values for {batch} rows"
+                )));
+            }
+        }
+        if let Some(s) = &self.seed {
+            if s.len() != batch {
+                return Err(PyValueError::new_err(format!(
+                    "seed has {} values for {batch} rows",
+                    s.len()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn value_error(e: impl std::fmt::Display) -> PyErr {
+    PyValueError::new_err(e.to_string())
+}
+
+/// A 2-D array's elements as one slice covering every row, and its row stride in elements.
+///
+/// # Errors
+/// A `ValueError` when the rows are not contiguous (an element stride other than the item
+/// size) or the row stride is negative or not a whole number of elements.
+fn rows_of<'a, T: numpy::Element>(a: &'a PyReadonlyArray2<'_, T>) -> PyResult<(&'a [T], usize)> {
+    let [batch, row_len] = [a.shape()[0], a.shape()[1]];
+    let item = std::mem::size_of::<T>() as isize;
+    let strides = a.strides();
+    if row_len > 1 && strides[1] != item {
+        return Err(PyValueError::new_err(format!(
+            "the logits' rows must be contiguous (element stride {} bytes, the item is {item})",
+            strides[1]
+        )));
+    }
+    let row_stride = if batch <= 1 {
+        row_len
+    } else {
+        if strides[0] < 0 || strides[0] % item != 0 {
+            return Err(PyValueError::new_err(format!(
+                "the logits' row stride {} bytes is not a forward whole number of {item}-byte items",
+                strides[0]
+            )));
+        }
+        (strides[0] / item) as usize
+    };
+    if batch > 1 && row_stride < row_len {
+        return Err(PyValueError::new_err(format!(
+            "the logits' rows overlap (row stride {row_stride} items, rows of {row_len})"
+        )));
+    }
+    let len = if batch == 0 {
+        0
+    } else {
+        (batch - 1) * row_stride + row_len
+    };
+    // SAFETY: the readonly borrow keeps the array alive and unwritten by Rust; the checks
+    // above make [data, data + len) exactly the span of its rows.
+    let data = unsafe { std::slice::from_raw_parts(a.data() as *const T, len) };
+    Ok((data, row_stride.max(row_len)))
+}
+
+/// The kind (the Rust variant's name) and message of a row's error.
+fn row_error(e: &SampleError) -> (String, String) {
+    let debug = format!("{e:?}");
+    let kind = debug
+        .split(|c: char| !c.is_alphanumeric())
+        .next()
+        .unwrap_or("SampleError")
+        .to_string();
+    (kind, e.to_string())
+}
+
+type RowResults = Vec<Result<SampleOutput, SampleError>>;
+
+/// Per row: `None`, or a failed row's error kind and message.
+type RowErrors = Vec<Option<(String, String)>>;
+
+/// What `sample` returns: token ids, logprobs, per-row errors.
+type Sampled<'py> = (
+    Bound<'py, PyArray1<i64>>,
+    Bound<'py, PyArray1<f64>>,
+    RowErrors,
+);
+
+fn sample_typed<T: LogitValue + numpy::Element>(
+    py: Python<'_>,
+    logits: &Bound<'_, PyAny>,
+    vocab_size: usize,
+    rows: &Rows<'_>,
+) -> PyResult<RowResults> {
+    let array: PyReadonlyArray2<'_, T> = logits.extract()?;
+    let batch = array.shape()[0];
+    let row_len = array.shape()[1];
+    rows.check(batch)?;
+    let (data, row_stride) = rows_of(&array)?;
+    let view =
+        LogitsView::new(data, batch, row_len, row_stride, vocab_size).map_err(value_error)?;
+    let params: Vec<SamplingParams> = (0..batch)
+        .map(|i| rows.params(i))
+        .collect::<PyResult<_>>()?;
+    let positions = rows.position.as_slice().map_err(value_error)?.to_vec();
+    py.detach(move || {
+        let requests: Vec<SampleRequest<'_>> = params
+            .iter()
+            .zip(&positions)
+            .map(|(p, &pos)| SampleRequest::new(p, &[], &[], pos))
+            .collect();
+        sample_batch(&view, &requests).map_err(value_error)
+    })
+}
+
+/// Samples one token per row: `(token_ids int64[B], logprobs float64[B], errors)`, `errors[i]`
+/// `None` or `(kind, message)`; a failed row has token -1 and logprob NaN.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (logits, dtype, vocab_size, temperature, top_k, top_p, min_p,
+                    repetition_penalty, presence_penalty, frequency_penalty, seed, position))]
+fn sample<'py>(
+    py: Python<'py>,
+    logits: &Bound<'py, PyAny>,
+    dtype: &str,
+    vocab_size: usize,
+    temperature: PyReadonlyArray1<'py, f64>,
+    top_k: PyReadonlyArray1<'py, i64>,
+    top_p: PyReadonlyArray1<'py, f64>,
+    min_p: PyReadonlyArray1<'py, f64>,
+    repetition_penalty: PyReadonlyArray1<'py, f64>,
+    presence_penalty: PyReadonlyArray1<'py, f64>,
+    frequency_penalty: PyReadonlyArray1<'py, f64>,
+    seed: Option<PyReadonlyArray1<'py, u64>>,
+    position: PyReadonlyArray1<'py, u64>,
+) -> PyResult<Sampled<'py>> {
+    let rows = Rows {
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        repetition_penalty,
+        presence_penalty,
+        frequency_penalty,
+        seed,
+        position,
+    };
+    let results = match dtype {
+        "float32" => sample_typed::<f32>(py, logits, vocab_size, &rows)?,
+        "float16" => sample_typed::<f16>(py, logits, vocab_size, &rows)?,
+        "bfloat16" => sample_typed::<bf16>(py, logits, vocab_size, &rows)?,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "logits must be float32, float16 or bfloat16, got {other}"
+            )))
+        }
+    };
+    let mut tokens = Vec::with_capacity(results.len());
+    let mut logprobs = Vec::with_capacity(results.len());
+    let mut errors = Vec::with_capacity(results.len());
+    for r in &results {
+        match r {
+            Ok(o) => {
+                tokens.push(i64::from(o.token));
+                logprobs.push(o.logprob);
+                errors.push(None);
+            }
+            Err(e) => {
+                tokens.push(-1);
+                logprobs.push(f64::NAN);
+                errors.push(Some(row_error(e)));
+            }
+        }
+    }
+    Ok((tokens.into_pyarray(py), logprobs.into_pyarray(py), errors))
+}
+
+/// The exact final distribution of each row (float32 logits): `(probs float64[B * V], errors)`,
+/// row-major; a failed row is NaN.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (logits, vocab_size, temperature, top_k, top_p, min_p,
+                    repetition_penalty, presence_penalty, frequency_penalty, seed, position))]
+fn distribution_f32<'py>(
+    py: Python<'py>,
+    logits: PyReadonlyArray2<'py, f32>,
+    vocab_size: usize,
+    temperature: PyReadonlyArray1<'py, f64>,
+    top_k: PyReadonlyArray1<'py, i64>,
+    top_p: PyReadonlyArray1<'py, f64>,
+    min_p: PyReadonlyArray1<'py, f64>,
+    repetition_penalty: PyReadonlyArray1<'py, f64>,
+    presence_penalty: PyReadonlyArray1<'py, f64>,
+    frequency_penalty: PyReadonlyArray1<'py, f64>,
+    seed: Option<PyReadonlyArray1<'py, u64>>,
+    position: PyReadonlyArray1<'py, u64>,
+) -> PyResult<(Bound<'py, PyArray1<f64>>, RowErrors)> {
+    let rows = Rows {
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        repetition_penalty,
+        presence_penalty,
+        frequency_penalty,
+        seed,
+        position,
+    };
+    let batch = logits.shape()[0];
+    let row_len = logits.shape()[1];
+    rows.check(batch)?;
+    if vocab_size == 0 || vocab_size > row_len {
+        return Err(PyValueError::new_err(format!(
+            "vocab_size {vocab_size} must be in 1..={row_len} (the row length)"
+        )));
+    }
+    let (data, row_stride) = rows_of(&logits)?;
+    let params: Vec<SamplingParams> = (0..batch)
+        .map(|i| rows.params(i))
+        .collect::<PyResult<_>>()?;
+    let positions = rows.position.as_slice().map_err(value_error)?.to_vec();
+    let (probs, errors) = py.detach(move || {
+        let mut probs = vec![f64::NAN; batch * row_len];
+        let mut errors = Vec::with_capacity(batch);
+        for (i, (p, &pos)) in params.iter().zip(&positions).enumerate() {
+            let row = &data[i * row_stride..i * row_stride + vocab_size];
+            let request = SampleRequest::new(p, &[], &[], pos);
+            match distribution(row, &request) {
+                Ok(d) => {
+                    let out = &mut probs[i * row_len..(i + 1) * row_len];
+                    out[..vocab_size].copy_from_slice(&d);
+                    out[vocab_size..].fill(0.0);
+                    errors.push(None);
+                }
+                Err(e) => errors.push(Some(row_error(&e))),
+            }
+        }
+        (probs, errors)
+    });
+    Ok((probs.into_pyarray(py), errors))
+}
+
+/// The module `nucleus._core`.
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(sample, m)?)?;
+    m.add_function(wrap_pyfunction!(distribution_f32, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}
