@@ -18,6 +18,8 @@ use numpy::{
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
+mod npu;
+
 /// The per-row parameters, one value per row each (`nucleus.sample`'s keywords).
 struct Rows<'py> {
     temperature: PyReadonlyArray1<'py, f64>,
@@ -313,5 +315,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sample, m)?)?;
     m.add_function(wrap_pyfunction!(distribution_f32, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    npu::register(m)?;
     Ok(())
 }
