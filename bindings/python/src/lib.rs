@@ -8,8 +8,8 @@
 
 use half::{bf16, f16};
 use nucleus_sampling::{
-    distribution, sample_batch, LogitValue, LogitsView, SampleError, SampleOutput, SampleRequest,
-    SamplingParams,
+    distribution, distribution_from_probs, sample_batch, InputKind, LogitValue, LogitsView,
+    SampleError, SampleOutput, SampleRequest, SamplingParams,
 };
 use numpy::{
     IntoPyArray, PyArray1, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2,
@@ -32,6 +32,8 @@ struct Rows<'py> {
     /// `None`: every row draws a seed from the OS.
     seed: Option<PyReadonlyArray1<'py, u64>>,
     position: PyReadonlyArray1<'py, u64>,
+    /// The Philox counter's third word per row (the sample index).
+    sample_index: PyReadonlyArray1<'py, u32>,
 }
 
 impl Rows<'_> {
@@ -56,6 +58,15 @@ impl Rows<'_> {
         })
     }
 
+    /// Every row's request: its parameters, position and sample index.
+    fn requests(&self, batch: usize) -> PyResult<Vec<(SamplingParams, u64, u32)>> {
+        let positions = self.position.as_slice().map_err(value_error)?;
+        let indices = self.sample_index.as_slice().map_err(value_error)?;
+        (0..batch)
+            .map(|i| Ok((self.params(i)?, positions[i], indices[i])))
+            .collect()
+    }
+
     fn check(&self, batch: usize) -> PyResult<()> {
         let lens = [
             ("temperature", self.temperature.len()),
@@ -66,6 +77,7 @@ impl Rows<'_> {
             ("presence_penalty", self.presence_penalty.len()),
             ("frequency_penalty", self.frequency_penalty.len()),
             ("position", self.position.len()),
+            ("sample_index", self.sample_index.len()),
         ];
         for (name, len) in lens {
             if len != batch {
@@ -88,6 +100,17 @@ impl Rows<'_> {
 
 fn value_error(e: impl std::fmt::Display) -> PyErr {
     PyValueError::new_err(e.to_string())
+}
+
+/// `"logits"` or `"probs"`.
+fn input_kind(kind: &str) -> PyResult<InputKind> {
+    match kind {
+        "logits" => Ok(InputKind::Logits),
+        "probs" => Ok(InputKind::Probs),
+        other => Err(PyValueError::new_err(format!(
+            "kind must be \"logits\" or \"probs\", got {other:?}"
+        ))),
+    }
 }
 
 /// A 2-D array's elements as one slice covering every row, and its row stride in elements.
@@ -158,6 +181,7 @@ type Sampled<'py> = (
 fn sample_typed<T: LogitValue + numpy::Element>(
     py: Python<'_>,
     logits: &Bound<'_, PyAny>,
+    kind: InputKind,
     vocab_size: usize,
     rows: &Rows<'_>,
 ) -> PyResult<RowResults> {
@@ -166,17 +190,14 @@ fn sample_typed<T: LogitValue + numpy::Element>(
     let row_len = array.shape()[1];
     rows.check(batch)?;
     let (data, row_stride) = rows_of(&array)?;
-    let view =
-        LogitsView::new(data, batch, row_len, row_stride, vocab_size).map_err(value_error)?;
-    let params: Vec<SamplingParams> = (0..batch)
-        .map(|i| rows.params(i))
-        .collect::<PyResult<_>>()?;
-    let positions = rows.position.as_slice().map_err(value_error)?.to_vec();
+    let view = LogitsView::new(data, batch, row_len, row_stride, vocab_size)
+        .map_err(value_error)?
+        .with_kind(kind);
+    let requests = rows.requests(batch)?;
     py.detach(move || {
-        let requests: Vec<SampleRequest<'_>> = params
+        let requests: Vec<SampleRequest<'_>> = requests
             .iter()
-            .zip(&positions)
-            .map(|(p, &pos)| SampleRequest::new(p, &[], &[], pos))
+            .map(|(p, pos, index)| SampleRequest::new(p, &[], &[], *pos).with_sample_index(*index))
             .collect();
         sample_batch(&view, &requests).map_err(value_error)
     })
@@ -186,12 +207,14 @@ fn sample_typed<T: LogitValue + numpy::Element>(
 /// `None` or `(kind, message)`; a failed row has token -1 and logprob NaN.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (logits, dtype, vocab_size, temperature, top_k, top_p, min_p,
-                    repetition_penalty, presence_penalty, frequency_penalty, seed, position))]
+#[pyo3(signature = (logits, dtype, kind, vocab_size, temperature, top_k, top_p, min_p,
+                    repetition_penalty, presence_penalty, frequency_penalty, seed, position,
+                    sample_index))]
 fn sample<'py>(
     py: Python<'py>,
     logits: &Bound<'py, PyAny>,
     dtype: &str,
+    kind: &str,
     vocab_size: usize,
     temperature: PyReadonlyArray1<'py, f64>,
     top_k: PyReadonlyArray1<'py, i64>,
@@ -202,7 +225,9 @@ fn sample<'py>(
     frequency_penalty: PyReadonlyArray1<'py, f64>,
     seed: Option<PyReadonlyArray1<'py, u64>>,
     position: PyReadonlyArray1<'py, u64>,
+    sample_index: PyReadonlyArray1<'py, u32>,
 ) -> PyResult<Sampled<'py>> {
+    let kind = input_kind(kind)?;
     let rows = Rows {
         temperature,
         top_k,
@@ -213,11 +238,12 @@ fn sample<'py>(
         frequency_penalty,
         seed,
         position,
+        sample_index,
     };
     let results = match dtype {
-        "float32" => sample_typed::<f32>(py, logits, vocab_size, &rows)?,
-        "float16" => sample_typed::<f16>(py, logits, vocab_size, &rows)?,
-        "bfloat16" => sample_typed::<bf16>(py, logits, vocab_size, &rows)?,
+        "float32" => sample_typed::<f32>(py, logits, kind, vocab_size, &rows)?,
+        "float16" => sample_typed::<f16>(py, logits, kind, vocab_size, &rows)?,
+        "bfloat16" => sample_typed::<bf16>(py, logits, kind, vocab_size, &rows)?,
         other => {
             return Err(PyValueError::new_err(format!(
                 "logits must be float32, float16 or bfloat16, got {other}"
@@ -248,11 +274,13 @@ fn sample<'py>(
 /// row-major; a failed row is NaN.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (logits, vocab_size, temperature, top_k, top_p, min_p,
-                    repetition_penalty, presence_penalty, frequency_penalty, seed, position))]
+#[pyo3(signature = (logits, kind, vocab_size, temperature, top_k, top_p, min_p,
+                    repetition_penalty, presence_penalty, frequency_penalty, seed, position,
+                    sample_index))]
 fn distribution_f32<'py>(
     py: Python<'py>,
     logits: PyReadonlyArray2<'py, f32>,
+    kind: &str,
     vocab_size: usize,
     temperature: PyReadonlyArray1<'py, f64>,
     top_k: PyReadonlyArray1<'py, i64>,
@@ -263,7 +291,9 @@ fn distribution_f32<'py>(
     frequency_penalty: PyReadonlyArray1<'py, f64>,
     seed: Option<PyReadonlyArray1<'py, u64>>,
     position: PyReadonlyArray1<'py, u64>,
+    sample_index: PyReadonlyArray1<'py, u32>,
 ) -> PyResult<(Bound<'py, PyArray1<f64>>, RowErrors)> {
+    let kind = input_kind(kind)?;
     let rows = Rows {
         temperature,
         top_k,
@@ -274,6 +304,7 @@ fn distribution_f32<'py>(
         frequency_penalty,
         seed,
         position,
+        sample_index,
     };
     let batch = logits.shape()[0];
     let row_len = logits.shape()[1];
@@ -284,17 +315,18 @@ fn distribution_f32<'py>(
         )));
     }
     let (data, row_stride) = rows_of(&logits)?;
-    let params: Vec<SamplingParams> = (0..batch)
-        .map(|i| rows.params(i))
-        .collect::<PyResult<_>>()?;
-    let positions = rows.position.as_slice().map_err(value_error)?.to_vec();
+    let requests = rows.requests(batch)?;
     let (probs, errors) = py.detach(move || {
         let mut probs = vec![f64::NAN; batch * row_len];
         let mut errors = Vec::with_capacity(batch);
-        for (i, (p, &pos)) in params.iter().zip(&positions).enumerate() {
+        for (i, (p, pos, index)) in requests.iter().enumerate() {
             let row = &data[i * row_stride..i * row_stride + vocab_size];
-            let request = SampleRequest::new(p, &[], &[], pos);
-            match distribution(row, &request) {
+            let request = SampleRequest::new(p, &[], &[], *pos).with_sample_index(*index);
+            let d = match kind {
+                InputKind::Logits => distribution(row, &request),
+                InputKind::Probs => distribution_from_probs(row, &request),
+            };
+            match d {
                 Ok(d) => {
                     let out = &mut probs[i * row_len..(i + 1) * row_len];
                     out[..vocab_size].copy_from_slice(&d);

@@ -21,6 +21,14 @@ import numpy as np
 from . import _core
 
 __all__ = [
+    "top_k_top_p_sampling_from_logits",
+    "top_k_top_p_sampling_from_probs",
+    "top_p_sampling_from_probs",
+    "top_k_sampling_from_probs",
+    "min_p_sampling_from_probs",
+    "top_k_renorm_probs",
+    "top_p_renorm_probs",
+    "top_k_mask_logits",
     "NucleusError",
     "SamplingError",
     "SampleResult",
@@ -104,7 +112,10 @@ def _per_row(name: str, value, batch: int, kind: str) -> np.ndarray:
 
 
 def _rows(batch, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
-          frequency_penalty, seed, position):
+          frequency_penalty, seed, position, sample_index=0):
+    index = _per_row("sample_index", sample_index, batch, "uint")
+    if index.size and index.max() > np.iinfo(np.uint32).max:
+        raise ValueError("sample_index must be below 2**32")
     return (
         _per_row("temperature", temperature, batch, "float"),
         _per_row("top_k", top_k, batch, "int"),
@@ -115,6 +126,7 @@ def _rows(batch, temperature, top_k, top_p, min_p, repetition_penalty, presence_
         _per_row("frequency_penalty", frequency_penalty, batch, "float"),
         None if seed is None else _per_row("seed", seed, batch, "uint"),
         _per_row("position", position, batch, "uint"),
+        index.astype(np.uint32),
     )
 
 
@@ -157,7 +169,7 @@ def sample(logits: np.ndarray, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0
     vocab = row_len if vocab_size is None else int(vocab_size)
     args = _rows(batch, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
                  frequency_penalty, seed, position)
-    tokens, logprobs, errors = _core.sample(x, x.dtype.name, vocab, *args)
+    tokens, logprobs, errors = _core.sample(x, x.dtype.name, "logits", vocab, *args)
     return SampleResult(tokens, logprobs, _errors(errors))
 
 
@@ -178,5 +190,17 @@ def distribution(logits: np.ndarray, *, temperature=1.0, top_k=0, top_p=1.0, min
     vocab = row_len if vocab_size is None else int(vocab_size)
     args = _rows(batch, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
                  frequency_penalty, seed, position)
-    probs, errors = _core.distribution_f32(x, vocab, *args)
+    probs, errors = _core.distribution_f32(x, "logits", vocab, *args)
     return probs.reshape(batch, row_len), _errors(errors)
+
+
+from .sampling import (  # noqa: E402  (FlashInfer's names; they use the helpers above)
+    min_p_sampling_from_probs,
+    top_k_mask_logits,
+    top_k_renorm_probs,
+    top_k_sampling_from_probs,
+    top_k_top_p_sampling_from_logits,
+    top_k_top_p_sampling_from_probs,
+    top_p_renorm_probs,
+    top_p_sampling_from_probs,
+)
