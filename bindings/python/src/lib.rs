@@ -18,6 +18,7 @@ use numpy::{
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
+mod bitmask;
 mod npu;
 
 /// The per-row parameters, one value per row each (`nucleus.sample`'s keywords).
@@ -348,5 +349,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(distribution_f32, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     npu::register(m)?;
+    bitmask::register(m)?;
     Ok(())
 }

@@ -21,6 +21,8 @@ import numpy as np
 from . import _core
 
 __all__ = [
+    "allocate_token_bitmask",
+    "apply_token_bitmask_inplace",
     "top_k_top_p_sampling_from_logits",
     "top_k_top_p_sampling_from_probs",
     "top_p_sampling_from_probs",
@@ -204,3 +206,4 @@ from .sampling import (  # noqa: E402  (FlashInfer's names; they use the helpers
     top_p_renorm_probs,
     top_p_sampling_from_probs,
 )
+from .bitmask import allocate_token_bitmask, apply_token_bitmask_inplace  # noqa: E402
