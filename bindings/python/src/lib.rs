@@ -35,6 +35,30 @@ struct Rows<'py> {
     position: PyReadonlyArray1<'py, u64>,
     /// The Philox counter's third word per row (the sample index).
     sample_index: PyReadonlyArray1<'py, u32>,
+    /// Each row's prompt ids and generated ids (the penalties count them); empty: none.
+    prompt_ids: Vec<Vec<u32>>,
+    output_ids: Vec<Vec<u32>>,
+}
+
+/// One row's request, owned (moved into the GIL-free part).
+struct Owned {
+    params: SamplingParams,
+    position: u64,
+    sample_index: u32,
+    prompt_ids: Vec<u32>,
+    output_ids: Vec<u32>,
+}
+
+impl Owned {
+    fn request(&self) -> SampleRequest<'_> {
+        SampleRequest::new(
+            &self.params,
+            &self.prompt_ids,
+            &self.output_ids,
+            self.position,
+        )
+        .with_sample_index(self.sample_index)
+    }
 }
 
 impl Rows<'_> {
@@ -59,12 +83,21 @@ impl Rows<'_> {
         })
     }
 
-    /// Every row's request: its parameters, position and sample index.
-    fn requests(&self, batch: usize) -> PyResult<Vec<(SamplingParams, u64, u32)>> {
+    /// Every row's request: its parameters, position, sample index and ids.
+    fn requests(&self, batch: usize) -> PyResult<Vec<Owned>> {
         let positions = self.position.as_slice().map_err(value_error)?;
         let indices = self.sample_index.as_slice().map_err(value_error)?;
+        let ids = |v: &[Vec<u32>], i: usize| v.get(i).cloned().unwrap_or_default();
         (0..batch)
-            .map(|i| Ok((self.params(i)?, positions[i], indices[i])))
+            .map(|i| {
+                Ok(Owned {
+                    params: self.params(i)?,
+                    position: positions[i],
+                    sample_index: indices[i],
+                    prompt_ids: ids(&self.prompt_ids, i),
+                    output_ids: ids(&self.output_ids, i),
+                })
+            })
             .collect()
     }
 
@@ -84,6 +117,17 @@ impl Rows<'_> {
             if len != batch {
                 return Err(PyValueError::new_err(format!(
                     "{name} has {len} values for {batch} rows"
+                )));
+            }
+        }
+        for (name, v) in [
+            ("prompt_ids", &self.prompt_ids),
+            ("output_ids", &self.output_ids),
+        ] {
+            if !v.is_empty() && v.len() != batch {
+                return Err(PyValueError::new_err(format!(
+                    "{name} has {} rows for {batch} rows of logits",
+                    v.len()
                 )));
             }
         }
@@ -196,10 +240,7 @@ fn sample_typed<T: LogitValue + numpy::Element>(
         .with_kind(kind);
     let requests = rows.requests(batch)?;
     py.detach(move || {
-        let requests: Vec<SampleRequest<'_>> = requests
-            .iter()
-            .map(|(p, pos, index)| SampleRequest::new(p, &[], &[], *pos).with_sample_index(*index))
-            .collect();
+        let requests: Vec<SampleRequest<'_>> = requests.iter().map(Owned::request).collect();
         sample_batch(&view, &requests).map_err(value_error)
     })
 }
@@ -210,7 +251,7 @@ fn sample_typed<T: LogitValue + numpy::Element>(
 #[allow(clippy::too_many_arguments)]
 #[pyo3(signature = (logits, dtype, kind, vocab_size, temperature, top_k, top_p, min_p,
                     repetition_penalty, presence_penalty, frequency_penalty, seed, position,
-                    sample_index))]
+                    sample_index, prompt_ids, output_ids))]
 fn sample<'py>(
     py: Python<'py>,
     logits: &Bound<'py, PyAny>,
@@ -227,6 +268,8 @@ fn sample<'py>(
     seed: Option<PyReadonlyArray1<'py, u64>>,
     position: PyReadonlyArray1<'py, u64>,
     sample_index: PyReadonlyArray1<'py, u32>,
+    prompt_ids: Vec<Vec<u32>>,
+    output_ids: Vec<Vec<u32>>,
 ) -> PyResult<Sampled<'py>> {
     let kind = input_kind(kind)?;
     let rows = Rows {
@@ -240,6 +283,8 @@ fn sample<'py>(
         seed,
         position,
         sample_index,
+        prompt_ids,
+        output_ids,
     };
     let results = match dtype {
         "float32" => sample_typed::<f32>(py, logits, kind, vocab_size, &rows)?,
@@ -277,7 +322,7 @@ fn sample<'py>(
 #[allow(clippy::too_many_arguments)]
 #[pyo3(signature = (logits, kind, vocab_size, temperature, top_k, top_p, min_p,
                     repetition_penalty, presence_penalty, frequency_penalty, seed, position,
-                    sample_index))]
+                    sample_index, prompt_ids, output_ids))]
 fn distribution_f32<'py>(
     py: Python<'py>,
     logits: PyReadonlyArray2<'py, f32>,
@@ -293,6 +338,8 @@ fn distribution_f32<'py>(
     seed: Option<PyReadonlyArray1<'py, u64>>,
     position: PyReadonlyArray1<'py, u64>,
     sample_index: PyReadonlyArray1<'py, u32>,
+    prompt_ids: Vec<Vec<u32>>,
+    output_ids: Vec<Vec<u32>>,
 ) -> PyResult<(Bound<'py, PyArray1<f64>>, RowErrors)> {
     let kind = input_kind(kind)?;
     let rows = Rows {
@@ -306,6 +353,8 @@ fn distribution_f32<'py>(
         seed,
         position,
         sample_index,
+        prompt_ids,
+        output_ids,
     };
     let batch = logits.shape()[0];
     let row_len = logits.shape()[1];
@@ -320,9 +369,9 @@ fn distribution_f32<'py>(
     let (probs, errors) = py.detach(move || {
         let mut probs = vec![f64::NAN; batch * row_len];
         let mut errors = Vec::with_capacity(batch);
-        for (i, (p, pos, index)) in requests.iter().enumerate() {
+        for (i, r) in requests.iter().enumerate() {
             let row = &data[i * row_stride..i * row_stride + vocab_size];
-            let request = SampleRequest::new(p, &[], &[], *pos).with_sample_index(*index);
+            let request = r.request();
             let d = match kind {
                 InputKind::Logits => distribution(row, &request),
                 InputKind::Probs => distribution_from_probs(row, &request),

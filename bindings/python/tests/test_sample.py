@@ -243,3 +243,38 @@ def test_another_thread_runs_while_sample_works():
     # interval's edges (a handful of ticks); released, it advances thousands of times.
     assert elapsed > 0.05, elapsed  # the call is long enough to tell
     assert during > 100, (during, elapsed)
+
+
+# --- penalties: the spec's worked cases -------------------------------------------------------
+
+def softmax(l):
+    e = np.exp(np.asarray(l, np.float64) - np.max(l))
+    return e / e.sum()
+
+
+def test_penalty_worked_cases():
+    # logits [2, -1, 0.5], seen ids {0, 1} (id 1 seen twice), repetition 2.0 -> [1, -2, 0.5].
+    x = np.array([2, -1, 0.5], np.float32)
+    probs, errors = nucleus.distribution(x, repetition_penalty=2.0, prompt_ids=[[1]],
+                                         output_ids=[[0, 1]])
+    assert errors == [None]
+    assert np.abs(probs[0] - softmax([1, -2, 0.5])).max() < 1e-6
+    # logits [1, 1, 1], prompt [2], generated [0, 0, 1], repetition 2, frequency 0.5,
+    # presence 0.5 -> [-1, -0.5, 0.5].
+    y = np.array([1, 1, 1], np.float32)
+    probs, _ = nucleus.distribution(y, repetition_penalty=2.0, frequency_penalty=0.5,
+                                    presence_penalty=0.5, prompt_ids=[[2]],
+                                    output_ids=[[0, 0, 1]])
+    assert np.abs(probs[0] - softmax([-1, -0.5, 0.5])).max() < 1e-6
+    # Per row: ids apply to their own row only.
+    two = np.stack([y, y])
+    probs, _ = nucleus.distribution(two, presence_penalty=1.0, output_ids=[[0], []])
+    assert np.abs(probs[0] - softmax([0, 1, 1])).max() < 1e-6
+    assert np.abs(probs[1] - softmax([1, 1, 1])).max() < 1e-6
+    # An id outside the vocabulary is that row's error; a bad shape raises.
+    r = nucleus.sample(two, output_ids=[[7], [1]], presence_penalty=1.0, seed=1)
+    assert r.errors[0] is not None and r.errors[1] is None
+    with pytest.raises(ValueError, match="one sequence of ids per row"):
+        nucleus.sample(two, output_ids=[[1]])
+    with pytest.raises(TypeError, match="integer token ids"):
+        nucleus.sample(two, output_ids=[[1.5], []])

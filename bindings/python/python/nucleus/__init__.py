@@ -113,8 +113,29 @@ def _per_row(name: str, value, batch: int, kind: str) -> np.ndarray:
     return np.ascontiguousarray(np.broadcast_to(out, (batch,)))
 
 
+def _ids(name: str, value, batch: int) -> list:
+    """``value`` (None, or one sequence of token ids per row) as lists of ints in [0, 2**32)."""
+    if value is None:
+        return []
+    rows = list(value)
+    if len(rows) != batch:
+        raise ValueError(f"{name} must have one sequence of ids per row ({batch}), got {len(rows)}")
+    out = []
+    for i, r in enumerate(rows):
+        a = np.asarray(r)
+        if a.size == 0:
+            out.append([])
+            continue
+        if a.ndim != 1 or not np.issubdtype(a.dtype, np.integer):
+            raise TypeError(f"{name}[{i}] must be a 1-D sequence of integer token ids")
+        if a.min() < 0 or a.max() > np.iinfo(np.uint32).max:
+            raise ValueError(f"{name}[{i}] holds an id outside [0, 2**32)")
+        out.append(a.astype(np.int64).tolist())
+    return out
+
+
 def _rows(batch, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
-          frequency_penalty, seed, position, sample_index=0):
+          frequency_penalty, seed, position, sample_index=0, prompt_ids=None, output_ids=None):
     index = _per_row("sample_index", sample_index, batch, "uint")
     if index.size and index.max() > np.iinfo(np.uint32).max:
         raise ValueError("sample_index must be below 2**32")
@@ -129,6 +150,8 @@ def _rows(batch, temperature, top_k, top_p, min_p, repetition_penalty, presence_
         None if seed is None else _per_row("seed", seed, batch, "uint"),
         _per_row("position", position, batch, "uint"),
         index.astype(np.uint32),
+        _ids("prompt_ids", prompt_ids, batch),
+        _ids("output_ids", output_ids, batch),
     )
 
 
@@ -138,7 +161,8 @@ def _errors(raw) -> List[Optional[SamplingError]]:
 
 def sample(logits: np.ndarray, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
            repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
-           seed=None, position=0, vocab_size: Optional[int] = None) -> SampleResult:
+           seed=None, position=0, prompt_ids=None, output_ids=None,
+           vocab_size: Optional[int] = None) -> SampleResult:
     """Sample one token per row of ``logits``.
 
     Args:
@@ -149,11 +173,14 @@ def sample(logits: np.ndarray, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0
         top_p: float in (0, 1], scalar or ``[batch]``; 1 is off.
         min_p: float in [0, 1], scalar or ``[batch]``; 0 is off.
         repetition_penalty, presence_penalty, frequency_penalty: floats, scalar or
-            ``[batch]`` (without prompt or output ids they have nothing to count here).
+            ``[batch]`` (spec step 5: repetition over prompt and output ids, each distinct id
+            once, ``l > 0 ? l / r : l * r``; frequency and presence over output ids only).
         seed: int in [0, 2**64), scalar or ``[batch]``: each row's Philox key. ``None``: each row
             draws a seed from the OS (not reproducible).
         position: int >= 0, scalar or ``[batch]``: each row's Philox position counter (the index
             of the token being chosen in its sequence).
+        prompt_ids, output_ids: ``None`` or one sequence of token ids per row (below
+            ``vocab_size``): what the penalties count.
         vocab_size: the candidate ids per row, default ``row_len``; ids at or above it are
             padding and never chosen.
 
@@ -170,14 +197,15 @@ def sample(logits: np.ndarray, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0
     batch, row_len = x.shape
     vocab = row_len if vocab_size is None else int(vocab_size)
     args = _rows(batch, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
-                 frequency_penalty, seed, position)
+                 frequency_penalty, seed, position, 0, prompt_ids, output_ids)
     tokens, logprobs, errors = _core.sample(x, x.dtype.name, "logits", vocab, *args)
     return SampleResult(tokens, logprobs, _errors(errors))
 
 
 def distribution(logits: np.ndarray, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
                  repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
-                 seed=None, position=0, vocab_size: Optional[int] = None):
+                 seed=None, position=0, prompt_ids=None, output_ids=None,
+                 vocab_size: Optional[int] = None):
     """The exact final distribution :func:`sample` draws each row's token from.
 
     Arguments as :func:`sample` (float16 and bfloat16 logits are widened to float32, which is
@@ -191,7 +219,7 @@ def distribution(logits: np.ndarray, *, temperature=1.0, top_k=0, top_p=1.0, min
     batch, row_len = x.shape
     vocab = row_len if vocab_size is None else int(vocab_size)
     args = _rows(batch, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
-                 frequency_penalty, seed, position)
+                 frequency_penalty, seed, position, 0, prompt_ids, output_ids)
     probs, errors = _core.distribution_f32(x, "logits", vocab, *args)
     return probs.reshape(batch, row_len), _errors(errors)
 
