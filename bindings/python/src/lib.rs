@@ -20,6 +20,7 @@ use pyo3::prelude::*;
 
 mod bitmask;
 mod npu;
+mod speculative;
 
 /// The per-row parameters, one value per row each (`nucleus.sample`'s keywords).
 struct Rows<'py> {
@@ -399,5 +400,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     npu::register(m)?;
     bitmask::register(m)?;
+    speculative::register(m)?;
     Ok(())
 }

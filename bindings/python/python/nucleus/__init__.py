@@ -31,6 +31,7 @@ __all__ = [
     "top_k_renorm_probs",
     "top_p_renorm_probs",
     "top_k_mask_logits",
+    "chain_speculative_sampling",
     "NucleusError",
     "SamplingError",
     "SampleResult",
@@ -225,6 +226,7 @@ def distribution(logits: np.ndarray, *, temperature=1.0, top_k=0, top_p=1.0, min
 
 
 from .sampling import (  # noqa: E402  (FlashInfer's names; they use the helpers above)
+    chain_speculative_sampling,
     min_p_sampling_from_probs,
     top_k_mask_logits,
     top_k_renorm_probs,

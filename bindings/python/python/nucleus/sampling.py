@@ -43,6 +43,7 @@ __all__ = [
     "top_k_renorm_probs",
     "top_p_renorm_probs",
     "top_k_mask_logits",
+    "chain_speculative_sampling",
 ]
 
 
@@ -205,3 +206,68 @@ def top_k_mask_logits(logits, top_k):
     out = x.copy()
     out[rank >= k[:, None]] = -np.inf
     return out
+
+
+def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs,
+                               maybe_output_accepted_token_num=None,
+                               maybe_output_emitted_draft_token_num=None,
+                               deterministic: bool = True, generator=None, seed=None, offset=None):
+    """FlashInfer's ``chain_speculative_sampling``: verify each row's ``S`` drafted tokens
+    against the target's ``S + 1`` rows, exactly (Leviathan et al. 2023; Chen et al. 2023;
+    nucleus_sampling::speculative).
+
+    Args:
+        draft_probs: float32 ``[B, S, V]``: the draft model's distributions.
+        draft_token_ids: int32 or int64 ``[B, S]``: the drafted tokens.
+        target_probs: float32 ``[B, S + 1, V]``: the target model's distributions.
+        maybe_output_accepted_token_num, maybe_output_emitted_draft_token_num: ``None`` or
+            integer ``[B]`` arrays, to which the counts are *added* in place, as FlashInfer does.
+        seed, offset: one Philox key per row (``[B]``, or an int when ``B == 1``) and the
+            position of each row's first draft token (an int or ``[B]``); every draw is keyed by
+            ``(seed, position)``, so rows need seeds of their own. ``None``: each row draws a
+            seed from the OS. ``generator``: read through ``initial_seed()`` (``B == 1`` only).
+        deterministic: no effect (nucleus always is).
+
+    Returns:
+        ``(output_token_ids int32 [B, S + 1], accepted_num int32 [B], emitted_num int32 [B])``:
+        the emitted tokens (the accepted drafts, then the residual or bonus token), -1 after
+        them; per row the drafted tokens that pass their own acceptance test ``p/q >= u``
+        (FlashInfer's acceptance-rate metric, counted as if each were considered alone), and
+        the drafted tokens emitted (not the bonus token). A row that fails (bad probabilities)
+        is all -1 with counts 0.
+    """
+    d = np.ascontiguousarray(draft_probs, dtype=np.float32) \
+        if np.asarray(draft_probs).dtype != np.float32 else np.ascontiguousarray(draft_probs)
+    t = np.ascontiguousarray(target_probs, dtype=np.float32) \
+        if np.asarray(target_probs).dtype != np.float32 else np.ascontiguousarray(target_probs)
+    ids = np.asarray(draft_token_ids)
+    if d.ndim != 3 or t.ndim != 3 or ids.ndim != 2:
+        raise ValueError("draft_probs must be [B, S, V], target_probs [B, S + 1, V] and "
+                         "draft_token_ids [B, S]")
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise TypeError(f"draft_token_ids must be integers, got {ids.dtype}")
+    batch = d.shape[0]
+    if seed is None and generator is not None:
+        seed = int(generator.initial_seed())
+    if seed is None and offset is not None:
+        raise ValueError("offset needs a seed (or a generator)")
+    seeds = None
+    if seed is not None:
+        seeds = np.asarray(seed).reshape(-1)
+        if seeds.shape[0] != batch:
+            raise ValueError(
+                f"chain_speculative_sampling needs one seed per row ({batch}), got "
+                f"{seeds.shape[0]}: its draws are keyed by (seed, position), so rows sharing a "
+                "seed and an offset would share their uniforms")
+        seeds = _rows(batch, 1.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0, seeds, 0)[7]
+    offsets = _rows(batch, 1.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0, None, 0 if offset is None else
+                    np.asarray(offset).reshape(-1) if np.ndim(offset) else offset)[8]
+    out, accepted, emitted, _errs = _core.chain_speculative_verify(
+        d, np.ascontiguousarray(ids, dtype=np.int64), t, seeds, offsets)
+    s = d.shape[1]
+    if maybe_output_accepted_token_num is not None:
+        maybe_output_accepted_token_num += accepted.astype(maybe_output_accepted_token_num.dtype)
+    if maybe_output_emitted_draft_token_num is not None:
+        maybe_output_emitted_draft_token_num += emitted.astype(
+            maybe_output_emitted_draft_token_num.dtype)
+    return out.reshape(batch, s + 1), accepted, emitted
