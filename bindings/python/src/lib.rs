@@ -19,6 +19,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 mod bitmask;
+mod chain;
 mod npu;
 mod speculative;
 
@@ -401,5 +402,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     npu::register(m)?;
     bitmask::register(m)?;
     speculative::register(m)?;
+    chain::register(m)?;
     Ok(())
 }

@@ -21,6 +21,7 @@ import numpy as np
 from . import _core
 
 __all__ = [
+    "SamplerChain",
     "allocate_token_bitmask",
     "apply_token_bitmask_inplace",
     "top_k_top_p_sampling_from_logits",
@@ -237,3 +238,4 @@ from .sampling import (  # noqa: E402  (FlashInfer's names; they use the helpers
     top_p_sampling_from_probs,
 )
 from .bitmask import allocate_token_bitmask, apply_token_bitmask_inplace  # noqa: E402
+from .chain import SamplerChain  # noqa: E402
