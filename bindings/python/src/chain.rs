@@ -1,7 +1,7 @@
 //! `nucleus._core.SamplerChain`: one sequence's processor chain (Python: `nucleus.SamplerChain`).
 
-use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
 use nucleus_sampling::chain::{ProcessorConfig, ProcessorContext, SamplerChain};
+use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
