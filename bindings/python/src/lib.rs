@@ -167,6 +167,15 @@ fn input_kind(kind: &str) -> PyResult<InputKind> {
 /// size) or the row stride is negative or not a whole number of elements.
 fn rows_of<'a, T: numpy::Element>(a: &'a PyReadonlyArray2<'_, T>) -> PyResult<(&'a [T], usize)> {
     let [batch, row_len] = [a.shape()[0], a.shape()[1]];
+    if batch == 0 || row_len == 0 {
+        // No element to read (NumPy may give an empty array zero strides).
+        return Ok((&[], row_len));
+    }
+    if !(a.data() as usize).is_multiple_of(std::mem::align_of::<T>()) {
+        return Err(PyValueError::new_err(
+            "the logits are not aligned to their item size; copy them (np.ascontiguousarray)",
+        ));
+    }
     let item = std::mem::size_of::<T>() as isize;
     let strides = a.strides();
     if row_len > 1 && strides[1] != item {

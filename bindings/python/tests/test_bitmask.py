@@ -85,3 +85,17 @@ def test_bitmask_errors():
     with pytest.raises(ValueError):
         nucleus.apply_token_bitmask_inplace(y, np.zeros((2, 2), np.int32), indices=[0, 5])
     assert np.all(y == 1)
+
+
+def test_review_findings_bitmask():
+    x = np.zeros(16, np.float32)
+    overlapping = np.lib.stride_tricks.as_strided(x, shape=(3, 16), strides=(0, 4),
+                                                  writeable=True)
+    with pytest.raises(ValueError, match="overlap"):
+        nucleus.apply_token_bitmask_inplace(overlapping, np.zeros((3, 1), np.int32))
+    assert np.all(x == 0)
+    with pytest.raises(TypeError, match="vocab_size must be an integer"):
+        nucleus.apply_token_bitmask_inplace(np.zeros((1, 8), np.float32),
+                                            np.zeros((1, 1), np.int32), vocab_size=5.9)
+    with pytest.raises(TypeError, match="batch_size must be an integer"):
+        nucleus.allocate_token_bitmask(2.5, 10)

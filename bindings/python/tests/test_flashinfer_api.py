@@ -164,3 +164,22 @@ def test_top_k_mask_logits():
     assert np.array_equal(m[np.isfinite(m)], logits[np.isfinite(m)])
     with pytest.raises(ValueError, match="row 0 holds a NaN"):
         nucleus.top_k_mask_logits(np.array([[np.nan, 1]], np.float32), 1)
+
+
+def test_review_findings_flashinfer():
+    p = np.zeros((1, 40000), np.float32)
+    p[0, 39999] = 1
+    # Samples take the dtype of indices: only int32 and int64 can hold every id and -1.
+    for dt in (np.int16, np.uint8, np.uint32):
+        with pytest.raises(ValueError, match="int32 or int64"):
+            nucleus.top_k_sampling_from_probs(p, 1, indices=np.array([0], dt), seed=1)
+    assert nucleus.top_k_sampling_from_probs(p, 1, indices=np.array([0], np.int32),
+                                             seed=[1])[0] == 39999
+    # 1-D in, 1-D out; the argument is named in errors.
+    assert nucleus.top_k_renorm_probs(np.array([0.5, 0.3, 0.2], np.float32), 2).shape == (3,)
+    assert nucleus.top_k_mask_logits(np.array([1, 2, 3], np.float32), 2).shape == (3,)
+    with pytest.raises(TypeError, match="probs must be float32"):
+        nucleus.top_k_top_p_sampling_from_probs(np.zeros((1, 3)), 1, 0.5)
+    with pytest.raises(TypeError, match="draft_probs must be a float32"):
+        nucleus.chain_speculative_sampling(np.zeros((1, 1, 3)), np.zeros((1, 1), np.int32),
+                                           np.zeros((1, 2, 3), np.float32), seed=[1])

@@ -202,7 +202,7 @@ def test_bad_inputs_are_typed_errors():
         nucleus.sample(x, temperature=np.ones(3))
     with pytest.raises(TypeError, match="top_k must be an integer"):
         nucleus.sample(x, top_k=2.5)
-    with pytest.raises(ValueError, match="seed must be >= 0"):
+    with pytest.raises(ValueError, match="seed -1 is outside"):
         nucleus.sample(x, seed=-1)
     with pytest.raises(ValueError, match="contiguous"):
         nucleus.sample(np.zeros((4, 2), np.float32).T)
@@ -278,3 +278,41 @@ def test_penalty_worked_cases():
         nucleus.sample(two, output_ids=[[1]])
     with pytest.raises(TypeError, match="integer token ids"):
         nucleus.sample(two, output_ids=[[1.5], []])
+
+
+# --- found by review --------------------------------------------------------------------------
+
+def test_review_findings():
+    import copy
+    import pickle
+
+    # An empty batch, whatever its strides.
+    for empty in (np.zeros((0, 16), np.float32), np.zeros((5, 16), np.float32)[:0]):
+        r = nucleus.sample(empty)
+        assert r.token_ids.shape == (0,) and r.errors == []
+        assert nucleus.distribution(empty)[0].shape == (0, 16)
+    # Misaligned and non-native arrays are refused, not read as slices.
+    b = np.zeros(65, np.uint8)[1:].view(np.float32).reshape(4, 4)
+    with pytest.raises(ValueError, match="aligned"):
+        nucleus.sample(b)
+    with pytest.raises(TypeError, match="byte order"):
+        nucleus.sample(np.zeros((2, 4), ">f4"))
+    # Non-contiguous half rows: refused by distribution as by sample.
+    with pytest.raises(ValueError, match="contiguous"):
+        nucleus.distribution(np.zeros((2, 8), np.float16)[:, ::2])
+    # uint64 seeds as a Python list; out-of-range ints named.
+    x = RNG.normal(size=(2, 50)).astype(np.float32)
+    a = nucleus.sample(x, seed=[1, 2**64 - 1]).token_ids
+    assert a[1] == nucleus.sample(x[1:], seed=2**64 - 1).token_ids[0]
+    with pytest.raises(ValueError, match="outside"):
+        nucleus.sample(x, seed=2**64)
+    # vocab_size must be an integer in range.
+    for bad, exc in ((1.9, TypeError), ("4", TypeError), (True, TypeError), (-1, ValueError)):
+        with pytest.raises(exc):
+            nucleus.sample(x, vocab_size=bad)
+    # Errors survive pickling and copying.
+    e = nucleus.sample(np.array([[np.nan, 1]], np.float32), seed=1).errors[0]
+    for c in (pickle.loads(pickle.dumps(e)), copy.copy(e)):
+        assert (c.kind, c.message, c.row) == (e.kind, e.message, e.row)
+    # nucleus.npu is there after `import nucleus`.
+    assert callable(nucleus.npu.npu_top_k_top_p_sample)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import List, NamedTuple, Optional
 
+import operator
+
 import numpy as np
 
 from . import _core
@@ -58,6 +60,9 @@ class SamplingError(NucleusError):
         self.message = message
         self.row = row
 
+    def __reduce__(self):  # pickle and copy (errors cross process pools)
+        return (type(self), (self.kind, self.message, self.row))
+
 
 class SampleResult(NamedTuple):
     """What :func:`sample` returns.
@@ -77,23 +82,68 @@ class SampleResult(NamedTuple):
 _LOGIT_DTYPES = ("float32", "float16", "bfloat16")
 
 
-def _logits_2d(logits) -> np.ndarray:
+def _check_array(name: str, a: np.ndarray) -> None:
+    """Native byte order and aligned: what Rust reads in place."""
+    if not a.dtype.isnative:
+        raise TypeError(f"{name} has non-native byte order ({a.dtype.str}); convert it with "
+                        f".astype({a.dtype.name!r})")
+    if not a.flags.aligned:
+        raise ValueError(f"{name} is not aligned to its item size; copy it (np.ascontiguousarray)")
+
+
+def _logits_2d(logits, name: str = "logits") -> np.ndarray:
     if not isinstance(logits, np.ndarray):
-        raise TypeError(f"logits must be a numpy.ndarray, got {type(logits).__name__}")
+        raise TypeError(f"{name} must be a numpy.ndarray, got {type(logits).__name__}")
     if logits.dtype.name not in _LOGIT_DTYPES:
         raise TypeError(
-            f"logits must be float32, float16 or bfloat16 (ml_dtypes), got {logits.dtype}; "
+            f"{name} must be float32, float16 or bfloat16 (ml_dtypes), got {logits.dtype}; "
             "cast them first (nucleus does not convert behind your back)")
+    _check_array(name, logits)
     if logits.ndim == 1:
-        return logits[None, :]
-    if logits.ndim != 2:
-        raise ValueError(f"logits must be [batch, vocab] or [vocab], got shape {logits.shape}")
-    return logits
+        x = logits[None, :]
+    elif logits.ndim == 2:
+        x = logits
+    else:
+        raise ValueError(f"{name} must be [batch, vocab] or [vocab], got shape {logits.shape}")
+    if x.size and x.shape[1] > 1 and x.strides[1] != x.itemsize:
+        raise ValueError(f"the {name}' rows must be contiguous (element stride {x.strides[1]} "
+                         f"bytes, the item is {x.itemsize})")
+    if x.size == 0:
+        # An empty batch (NumPy may give it zero strides): a fresh empty array of the shape.
+        x = np.empty(x.shape, dtype=x.dtype)
+    return x
+
+
+def _vocab(vocab_size, row_len: int) -> int:
+    if vocab_size is None:
+        return row_len
+    if isinstance(vocab_size, (bool, np.bool_)):
+        raise TypeError("vocab_size must be an integer, got bool")
+    try:
+        v = operator.index(vocab_size)
+    except TypeError:
+        raise TypeError(f"vocab_size must be an integer, got {type(vocab_size).__name__}") from None
+    if not 1 <= v <= row_len:
+        raise ValueError(f"vocab_size {v} must be in 1..={row_len} (the row length)")
+    return v
 
 
 def _per_row(name: str, value, batch: int, kind: str) -> np.ndarray:
     """``value`` as a C-contiguous array of one value per row: float64 for ``kind`` "float",
     int64 for "int", uint64 for "uint". An integer parameter given a non-integer is refused."""
+    if kind != "float" and isinstance(value, (list, tuple)):
+        # Python ints up to 2**64 - 1: NumPy would make a mixed list float64 (or object).
+        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+                   for v in value):
+            raise TypeError(f"{name} must hold integers")
+        lo, hi = (0, 2**64 - 1) if kind == "uint" else (-2**63, 2**63 - 1)
+        if any(not lo <= int(v) <= hi for v in value):
+            raise ValueError(f"{name} holds a value outside [{lo}, {hi}]")
+        value = np.array([int(v) for v in value], dtype=np.uint64 if kind == "uint" else np.int64)
+    elif kind != "float" and isinstance(value, int) and not isinstance(value, bool):
+        lo, hi = (0, 2**64 - 1) if kind == "uint" else (-2**63, 2**63 - 1)
+        if not lo <= value <= hi:
+            raise ValueError(f"{name} {value} is outside [{lo}, {hi}]")
     a = np.asarray(value)
     if a.ndim > 1 or (a.ndim == 1 and a.shape[0] != batch):
         raise ValueError(f"{name} must be a scalar or have shape ({batch},), got shape {a.shape}")
@@ -197,7 +247,7 @@ def sample(logits: np.ndarray, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0
     """
     x = _logits_2d(logits)
     batch, row_len = x.shape
-    vocab = row_len if vocab_size is None else int(vocab_size)
+    vocab = _vocab(vocab_size, row_len)
     args = _rows(batch, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
                  frequency_penalty, seed, position, 0, prompt_ids, output_ids)
     tokens, logprobs, errors = _core.sample(x, x.dtype.name, "logits", vocab, *args)
@@ -219,7 +269,7 @@ def distribution(logits: np.ndarray, *, temperature=1.0, top_k=0, top_p=1.0, min
     if x.dtype.name != "float32":
         x = x.astype(np.float32)
     batch, row_len = x.shape
-    vocab = row_len if vocab_size is None else int(vocab_size)
+    vocab = _vocab(vocab_size, row_len)
     args = _rows(batch, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
                  frequency_penalty, seed, position, 0, prompt_ids, output_ids)
     probs, errors = _core.distribution_f32(x, "logits", vocab, *args)
@@ -239,3 +289,4 @@ from .sampling import (  # noqa: E402  (FlashInfer's names; they use the helpers
 )
 from .bitmask import allocate_token_bitmask, apply_token_bitmask_inplace  # noqa: E402
 from .chain import SamplerChain  # noqa: E402
+from . import npu  # noqa: E402,F401  (nucleus.npu, the Ascend operators)

@@ -31,6 +31,9 @@ def bitmask_words(vocab_size: int) -> int:
 
 def allocate_token_bitmask(batch_size: int, vocab_size: int) -> np.ndarray:
     """A bitmask allowing every token: int32 ``[batch_size, ceil(vocab_size / 32)]`` of -1."""
+    for name, v in (("batch_size", batch_size), ("vocab_size", vocab_size)):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{name} must be an integer, got {type(v).__name__}")
     if batch_size < 0:
         raise ValueError(f"batch_size must be >= 0, got {batch_size}")
     return np.full((int(batch_size), bitmask_words(vocab_size)), -1, dtype=np.int32)
@@ -59,12 +62,27 @@ def apply_token_bitmask_inplace(logits: np.ndarray, bitmask: np.ndarray, *,
         raise TypeError("bitmask must be an int32 numpy.ndarray")
     if not logits.flags.writeable:
         raise ValueError("logits is read-only: apply_token_bitmask_inplace writes into it")
+    for name, a in (("logits", logits), ("bitmask", bitmask)):
+        if not a.dtype.isnative:
+            raise TypeError(f"{name} has non-native byte order ({a.dtype.str})")
+        if not a.flags.aligned:
+            raise ValueError(f"{name} is not aligned to its item size")
     x = logits[None, :] if logits.ndim == 1 else logits
     m = bitmask[None, :] if bitmask.ndim == 1 else bitmask
     if x.ndim != 2 or m.ndim != 2:
         raise ValueError(f"logits and bitmask must be 1-D or 2-D, got {logits.shape} and "
                          f"{bitmask.shape}")
-    vocab = x.shape[1] if vocab_size is None else int(vocab_size)
+    # Rows that share memory would be masked through each other.
+    if x.shape[0] > 1 and x.size and x.strides[0] < x.shape[1] * x.itemsize:
+        raise ValueError(f"the logits' rows overlap or run backwards (row stride {x.strides[0]} "
+                         f"bytes for rows of {x.shape[1] * x.itemsize})")
+    if vocab_size is None:
+        vocab = x.shape[1]
+    else:
+        if isinstance(vocab_size, (bool, np.bool_)) or not isinstance(vocab_size,
+                                                                      (int, np.integer)):
+            raise TypeError(f"vocab_size must be an integer, got {type(vocab_size).__name__}")
+        vocab = int(vocab_size)
     if vocab < 0:
         raise ValueError(f"vocab_size must be >= 0, got {vocab}")
     if indices is None:

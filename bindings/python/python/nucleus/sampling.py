@@ -72,8 +72,10 @@ def _select(x: np.ndarray, indices):
     if indices is None:
         return x, np.int32
     idx = np.asarray(indices)
-    if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer):
-        raise ValueError(f"indices must be a 1-D integer array, got {idx.dtype} {idx.shape}")
+    if idx.ndim != 1 or idx.dtype not in (np.int32, np.int64):
+        # The samples take indices' dtype (FlashInfer's rule): it must hold every id and -1.
+        raise ValueError(f"indices must be a 1-D int32 or int64 array, got {idx.dtype} "
+                         f"{idx.shape}")
     if idx.size and (idx.min() < 0 or idx.max() >= x.shape[0]):
         raise ValueError(f"indices must be in 0..{x.shape[0] - 1}")
     return x[idx], idx.dtype
@@ -81,7 +83,7 @@ def _select(x: np.ndarray, indices):
 
 def _draw(x, kind: str, *, top_k=0, top_p=1.0, min_p=0.0, indices=None, check_nan=False,
           seed=None, offset=None, generator=None, return_valid=False):
-    x = _logits_2d(x)
+    x = _logits_2d(x, kind)
     if check_nan and np.isnan(x.astype(np.float32, copy=False)).any():
         raise ValueError(f"Input {kind} contains NaN.")
     x, out_dtype = _select(x, indices)
@@ -159,14 +161,14 @@ def min_p_sampling_from_probs(probs, min_p, indices=None, deterministic: bool = 
 
 
 def _renorm(probs, top_k=0, top_p=1.0):
-    x = _logits_2d(probs)
+    x = _logits_2d(probs, "probs")
     dtype = x.dtype
     x32 = x if dtype.name == "float32" else x.astype(np.float32)
     batch, row_len = x32.shape
     args = _rows(batch, 1.0, top_k, top_p, 0.0, 1.0, 0.0, 0.0, None, 0)
     out, errors = _core.distribution_f32(x32, "probs", row_len, *args)
     # A row with no candidate or a bad value is NaN (the function returns one array).
-    return out.reshape(batch, row_len).astype(dtype)
+    return out.reshape(np.shape(probs)).astype(dtype)
 
 
 def top_k_renorm_probs(probs, top_k):
@@ -205,7 +207,7 @@ def top_k_mask_logits(logits, top_k):
     k = np.where((ks <= 0) | (ks >= row_len), row_len, ks)
     out = x.copy()
     out[rank >= k[:, None]] = -np.inf
-    return out
+    return out.reshape(np.shape(logits))
 
 
 def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs,
@@ -236,10 +238,17 @@ def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs,
         the drafted tokens emitted (not the bonus token). A row that fails (bad probabilities)
         is all -1 with counts 0.
     """
-    d = np.ascontiguousarray(draft_probs, dtype=np.float32) \
-        if np.asarray(draft_probs).dtype != np.float32 else np.ascontiguousarray(draft_probs)
-    t = np.ascontiguousarray(target_probs, dtype=np.float32) \
-        if np.asarray(target_probs).dtype != np.float32 else np.ascontiguousarray(target_probs)
+    for name, a in (("draft_probs", draft_probs), ("target_probs", target_probs)):
+        if not isinstance(a, np.ndarray) or a.dtype != np.float32 or not a.dtype.isnative:
+            raise TypeError(f"{name} must be a float32 numpy.ndarray (native byte order)")
+    for name, a in (("maybe_output_accepted_token_num", maybe_output_accepted_token_num),
+                    ("maybe_output_emitted_draft_token_num",
+                     maybe_output_emitted_draft_token_num)):
+        if a is not None and not (isinstance(a, np.ndarray)
+                                  and np.issubdtype(a.dtype, np.integer)):
+            raise TypeError(f"{name} must be None or an integer numpy.ndarray")
+    d = np.ascontiguousarray(draft_probs)
+    t = np.ascontiguousarray(target_probs)
     ids = np.asarray(draft_token_ids)
     if d.ndim != 3 or t.ndim != 3 or ids.ndim != 2:
         raise ValueError("draft_probs must be [B, S, V], target_probs [B, S + 1, V] and "
