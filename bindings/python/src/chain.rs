@@ -20,13 +20,7 @@ fn value_error(e: impl std::fmt::Display) -> PyErr {
 
 /// A sampling error as `(kind, message)`, raised by the wrapper as `nucleus.SamplingError`.
 fn sampling_error(e: &nucleus_sampling::SampleError) -> PyErr {
-    let debug = format!("{e:?}");
-    let kind = debug
-        .split(|c: char| !c.is_alphanumeric())
-        .next()
-        .unwrap_or("SampleError")
-        .to_string();
-    PyValueError::new_err((kind, e.to_string()))
+    PyValueError::new_err(crate::row_error(e))
 }
 
 #[pymethods]

@@ -212,7 +212,7 @@ fn rows_of<'a, T: numpy::Element>(a: &'a PyReadonlyArray2<'_, T>) -> PyResult<(&
 }
 
 /// The kind (the Rust variant's name) and message of a row's error.
-fn row_error(e: &SampleError) -> (String, String) {
+pub(crate) fn row_error(e: &SampleError) -> (String, String) {
     let debug = format!("{e:?}");
     let kind = debug
         .split(|c: char| !c.is_alphanumeric())

@@ -145,13 +145,7 @@ fn chain_speculative_verify<'py>(
                     errors.push(None);
                 }
                 Err(e) => {
-                    let debug = format!("{e:?}");
-                    let kind = debug
-                        .split(|c: char| !c.is_alphanumeric())
-                        .next()
-                        .unwrap_or("SampleError")
-                        .to_string();
-                    errors.push(Some((kind, e.to_string())));
+                    errors.push(Some(crate::row_error(&e)));
                 }
             }
         }

@@ -68,6 +68,15 @@ def _streams(batch: int, seed, offset, generator):
     return seeds, offsets if offsets.shape[0] == batch else offsets[0], 0
 
 
+def _check_order(filter_apply_order: str) -> None:
+    if filter_apply_order == "joint":
+        raise ValueError("filter_apply_order='joint' is not implemented: nucleus applies top-k, "
+                         "then top-p on the renormalised survivors ('top_k_first')")
+    if filter_apply_order != "top_k_first":
+        raise ValueError(f"filter_apply_order must be 'top_k_first' or 'joint', "
+                         f"got {filter_apply_order!r}")
+
+
 def _select(x: np.ndarray, indices):
     if indices is None:
         return x, np.int32
@@ -105,12 +114,7 @@ def top_k_top_p_sampling_from_logits(logits, top_k, top_p, indices=None,
     (float32, float16 or bfloat16), top-k (``top_k`` int or ``[B]``) then top-p (``top_p``
     float or ``[B]``) on the renormalised survivors, one sample per row: int32 ``[B]``
     (or the dtype of ``indices``), -1 for a failed row. See the module's mapping."""
-    if filter_apply_order == "joint":
-        raise ValueError("filter_apply_order='joint' is not implemented: nucleus applies top-k, "
-                         "then top-p on the renormalised survivors ('top_k_first')")
-    if filter_apply_order != "top_k_first":
-        raise ValueError(f"filter_apply_order must be 'top_k_first' or 'joint', "
-                         f"got {filter_apply_order!r}")
+    _check_order(filter_apply_order)
     return _draw(logits, "logits", top_k=top_k, top_p=top_p, indices=indices,
                  check_nan=check_nan, seed=seed, offset=offset, generator=generator)
 
@@ -123,12 +127,7 @@ def top_k_top_p_sampling_from_probs(probs, top_k, top_p, indices=None,
     """FlashInfer's ``top_k_top_p_sampling_from_probs``: as the logits form, on probabilities
     ``[B, V]`` (non-negative; need not sum to 1). ``return_valid=True`` returns
     ``(samples, valid bool[B])``."""
-    if filter_apply_order == "joint":
-        raise ValueError("filter_apply_order='joint' is not implemented: nucleus applies top-k, "
-                         "then top-p on the renormalised survivors ('top_k_first')")
-    if filter_apply_order != "top_k_first":
-        raise ValueError(f"filter_apply_order must be 'top_k_first' or 'joint', "
-                         f"got {filter_apply_order!r}")
+    _check_order(filter_apply_order)
     return _draw(probs, "probs", top_k=top_k, top_p=top_p, indices=indices, check_nan=check_nan,
                  seed=seed, offset=offset, generator=generator, return_valid=return_valid)
 
