@@ -20,7 +20,10 @@ use pyo3::prelude::*;
 
 mod bitmask;
 mod chain;
+mod dlpack;
+mod grammar;
 mod npu;
+mod params;
 mod speculative;
 
 /// The per-row parameters, one value per row each (`nucleus.sample`'s keywords).
@@ -40,6 +43,15 @@ struct Rows<'py> {
     /// Each row's prompt ids and generated ids (the penalties count them); empty: none.
     prompt_ids: Vec<Vec<u32>>,
     output_ids: Vec<Vec<u32>>,
+    /// `nucleus.SamplingParams` per row (every field of the crate's parameters); empty: the
+    /// arrays above give each row's parameters.
+    extended: Vec<SamplingParams>,
+    /// Each row's EOS and stop ids (banned while `min_tokens` is not reached); empty: none.
+    stop_token_ids: Vec<Vec<u32>>,
+    /// Mirostat's `mu` per row before this step; NaN (or no array): the start value.
+    mirostat_mu: Option<PyReadonlyArray1<'py, f64>>,
+    /// The structured-output bitmask, int32 `[batch, words]` (XGrammar's layout); `None`: none.
+    token_bitmask: Option<PyReadonlyArray2<'py, i32>>,
 }
 
 /// One row's request, owned (moved into the GIL-free part).
@@ -49,23 +61,38 @@ struct Owned {
     sample_index: u32,
     prompt_ids: Vec<u32>,
     output_ids: Vec<u32>,
+    stop_token_ids: Vec<u32>,
+    mirostat_mu: Option<f64>,
+    /// The row's bitmask words (a copy: ceil(V / 32) words, small beside the logits).
+    token_bitmask: Option<Vec<u32>>,
 }
 
 impl Owned {
     fn request(&self) -> SampleRequest<'_> {
-        SampleRequest::new(
+        let mut r = SampleRequest::new(
             &self.params,
             &self.prompt_ids,
             &self.output_ids,
             self.position,
         )
         .with_sample_index(self.sample_index)
+        .with_stop_token_ids(&self.stop_token_ids);
+        if let Some(mu) = self.mirostat_mu {
+            r = r.with_mirostat_mu(mu);
+        }
+        if let Some(words) = &self.token_bitmask {
+            r = r.with_token_bitmask(words);
+        }
+        r
     }
 }
 
 impl Rows<'_> {
     /// Row `i`'s parameters (the arrays are checked to hold `batch` values first).
     fn params(&self, i: usize) -> PyResult<SamplingParams> {
+        if let Some(p) = self.extended.get(i) {
+            return Ok(p.clone());
+        }
         let f = |a: &PyReadonlyArray1<'_, f64>| -> PyResult<f64> {
             Ok(a.as_slice().map_err(value_error)?[i])
         };
@@ -90,6 +117,11 @@ impl Rows<'_> {
         let positions = self.position.as_slice().map_err(value_error)?;
         let indices = self.sample_index.as_slice().map_err(value_error)?;
         let ids = |v: &[Vec<u32>], i: usize| v.get(i).cloned().unwrap_or_default();
+        let mu = match &self.mirostat_mu {
+            Some(a) => Some(a.as_slice().map_err(value_error)?),
+            None => None,
+        };
+        let mask = self.token_bitmask.as_ref().map(|a| a.as_array());
         (0..batch)
             .map(|i| {
                 Ok(Owned {
@@ -98,6 +130,11 @@ impl Rows<'_> {
                     sample_index: indices[i],
                     prompt_ids: ids(&self.prompt_ids, i),
                     output_ids: ids(&self.output_ids, i),
+                    stop_token_ids: ids(&self.stop_token_ids, i),
+                    mirostat_mu: mu.map(|m| m[i]).filter(|m| !m.is_nan()),
+                    token_bitmask: mask
+                        .as_ref()
+                        .map(|m| m.row(i).iter().map(|&w| w as u32).collect()),
                 })
             })
             .collect()
@@ -122,9 +159,26 @@ impl Rows<'_> {
                 )));
             }
         }
+        if let Some(m) = &self.mirostat_mu {
+            if m.len() != batch {
+                return Err(PyValueError::new_err(format!(
+                    "mirostat_mu has {} values for {batch} rows",
+                    m.len()
+                )));
+            }
+        }
+        if let Some(m) = &self.token_bitmask {
+            if m.shape()[0] != batch {
+                return Err(PyValueError::new_err(format!(
+                    "token_bitmask has {} rows for {batch} rows of logits",
+                    m.shape()[0]
+                )));
+            }
+        }
         for (name, v) in [
             ("prompt_ids", &self.prompt_ids),
             ("output_ids", &self.output_ids),
+            ("stop_token_ids", &self.stop_token_ids),
         ] {
             if !v.is_empty() && v.len() != batch {
                 return Err(PyValueError::new_err(format!(
@@ -132,6 +186,12 @@ impl Rows<'_> {
                     v.len()
                 )));
             }
+        }
+        if !self.extended.is_empty() && self.extended.len() != batch {
+            return Err(PyValueError::new_err(format!(
+                "params has {} SamplingParams for {batch} rows",
+                self.extended.len()
+            )));
         }
         if let Some(s) = &self.seed {
             if s.len() != batch {
@@ -227,11 +287,15 @@ type RowResults = Vec<Result<SampleOutput, SampleError>>;
 /// Per row: `None`, or a failed row's error kind and message.
 type RowErrors = Vec<Option<(String, String)>>;
 
-/// What `sample` returns: token ids, logprobs, per-row errors.
+/// What `sample` returns: token ids, logprobs, per-row errors, then per row the seed used,
+/// the number of candidates and mirostat's `mu` after the step (NaN when off or failed).
 type Sampled<'py> = (
     Bound<'py, PyArray1<i64>>,
     Bound<'py, PyArray1<f64>>,
     RowErrors,
+    Bound<'py, PyArray1<u64>>,
+    Bound<'py, PyArray1<i64>>,
+    Bound<'py, PyArray1<f64>>,
 );
 
 fn sample_typed<T: LogitValue + numpy::Element>(
@@ -262,7 +326,8 @@ fn sample_typed<T: LogitValue + numpy::Element>(
 #[allow(clippy::too_many_arguments)]
 #[pyo3(signature = (logits, dtype, kind, vocab_size, temperature, top_k, top_p, min_p,
                     repetition_penalty, presence_penalty, frequency_penalty, seed, position,
-                    sample_index, prompt_ids, output_ids))]
+                    sample_index, prompt_ids, output_ids, params=None, stop_token_ids=None,
+                    mirostat_mu=None, token_bitmask=None))]
 fn sample<'py>(
     py: Python<'py>,
     logits: &Bound<'py, PyAny>,
@@ -281,6 +346,10 @@ fn sample<'py>(
     sample_index: PyReadonlyArray1<'py, u32>,
     prompt_ids: Vec<Vec<u32>>,
     output_ids: Vec<Vec<u32>>,
+    params: Option<Vec<Bound<'py, pyo3::types::PyDict>>>,
+    stop_token_ids: Option<Vec<Vec<u32>>>,
+    mirostat_mu: Option<PyReadonlyArray1<'py, f64>>,
+    token_bitmask: Option<PyReadonlyArray2<'py, i32>>,
 ) -> PyResult<Sampled<'py>> {
     let kind = input_kind(kind)?;
     let rows = Rows {
@@ -296,6 +365,14 @@ fn sample<'py>(
         sample_index,
         prompt_ids,
         output_ids,
+        extended: params
+            .unwrap_or_default()
+            .iter()
+            .map(params::params_from_dict)
+            .collect::<PyResult<_>>()?,
+        stop_token_ids: stop_token_ids.unwrap_or_default(),
+        mirostat_mu,
+        token_bitmask,
     };
     let results = match dtype {
         "float32" => sample_typed::<f32>(py, logits, kind, vocab_size, &rows)?,
@@ -310,21 +387,37 @@ fn sample<'py>(
     let mut tokens = Vec::with_capacity(results.len());
     let mut logprobs = Vec::with_capacity(results.len());
     let mut errors = Vec::with_capacity(results.len());
+    let mut seeds = Vec::with_capacity(results.len());
+    let mut candidates = Vec::with_capacity(results.len());
+    let mut mu = Vec::with_capacity(results.len());
     for r in &results {
         match r {
             Ok(o) => {
                 tokens.push(i64::from(o.token));
                 logprobs.push(o.logprob);
                 errors.push(None);
+                seeds.push(o.seed);
+                candidates.push(o.num_candidates as i64);
+                mu.push(o.mirostat_mu.unwrap_or(f64::NAN));
             }
             Err(e) => {
                 tokens.push(-1);
                 logprobs.push(f64::NAN);
                 errors.push(Some(row_error(e)));
+                seeds.push(0);
+                candidates.push(0);
+                mu.push(f64::NAN);
             }
         }
     }
-    Ok((tokens.into_pyarray(py), logprobs.into_pyarray(py), errors))
+    Ok((
+        tokens.into_pyarray(py),
+        logprobs.into_pyarray(py),
+        errors,
+        seeds.into_pyarray(py),
+        candidates.into_pyarray(py),
+        mu.into_pyarray(py),
+    ))
 }
 
 /// The exact final distribution of each row (float32 logits): `(probs float64[B * V], errors)`,
@@ -333,7 +426,8 @@ fn sample<'py>(
 #[allow(clippy::too_many_arguments)]
 #[pyo3(signature = (logits, kind, vocab_size, temperature, top_k, top_p, min_p,
                     repetition_penalty, presence_penalty, frequency_penalty, seed, position,
-                    sample_index, prompt_ids, output_ids))]
+                    sample_index, prompt_ids, output_ids, params=None, stop_token_ids=None,
+                    mirostat_mu=None, token_bitmask=None))]
 fn distribution_f32<'py>(
     py: Python<'py>,
     logits: PyReadonlyArray2<'py, f32>,
@@ -351,6 +445,10 @@ fn distribution_f32<'py>(
     sample_index: PyReadonlyArray1<'py, u32>,
     prompt_ids: Vec<Vec<u32>>,
     output_ids: Vec<Vec<u32>>,
+    params: Option<Vec<Bound<'py, pyo3::types::PyDict>>>,
+    stop_token_ids: Option<Vec<Vec<u32>>>,
+    mirostat_mu: Option<PyReadonlyArray1<'py, f64>>,
+    token_bitmask: Option<PyReadonlyArray2<'py, i32>>,
 ) -> PyResult<(Bound<'py, PyArray1<f64>>, RowErrors)> {
     let kind = input_kind(kind)?;
     let rows = Rows {
@@ -366,6 +464,14 @@ fn distribution_f32<'py>(
         sample_index,
         prompt_ids,
         output_ids,
+        extended: params
+            .unwrap_or_default()
+            .iter()
+            .map(params::params_from_dict)
+            .collect::<PyResult<_>>()?,
+        stop_token_ids: stop_token_ids.unwrap_or_default(),
+        mirostat_mu,
+        token_bitmask,
     };
     let batch = logits.shape()[0];
     let row_len = logits.shape()[1];
@@ -410,7 +516,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     npu::register(m)?;
     bitmask::register(m)?;
+    dlpack::register(m)?;
     speculative::register(m)?;
     chain::register(m)?;
+    grammar::register(m)?;
+    params::register(m)?;
     Ok(())
 }

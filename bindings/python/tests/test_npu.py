@@ -562,4 +562,6 @@ def test_moe_layer_routed_equals_naive():
         out_rows[start:start + c] = mlp(i, ex[start:start + c])
         start += c
     y = npu.npu_moe_token_unpermute(out_rows, ri, probs=w)
-    assert np.abs(y - naive).max() < 1e-5
+    # float32 rounding: the per-row and the batched matmuls may take different BLAS kernels, so
+    # the bound is relative to the values (~20 here); a routing error would be O(1).
+    assert np.abs(y - naive).max() <= 1e-5 * max(1.0, float(np.abs(naive).max()))

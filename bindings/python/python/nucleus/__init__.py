@@ -21,9 +21,11 @@ import operator
 import numpy as np
 
 from . import _core
+from ._dlpack import torch_io
 
 __all__ = [
     "SamplerChain",
+    "SamplingParams",
     "allocate_token_bitmask",
     "apply_token_bitmask_inplace",
     "top_k_top_p_sampling_from_logits",
@@ -37,6 +39,10 @@ __all__ = [
     "chain_speculative_sampling",
     "NucleusError",
     "SamplingError",
+    "GrammarError",
+    "GrammarCompiler",
+    "CompiledGrammar",
+    "GrammarMatcher",
     "SampleResult",
     "sample",
     "distribution",
@@ -52,16 +58,33 @@ class NucleusError(ValueError):
 
 class SamplingError(NucleusError):
     """One row's sampling error: ``kind`` is the Rust ``SampleError`` variant
-    (``NonFiniteLogits``, ``NoCandidates``, ``InvalidParams``, ...), ``row`` the row index."""
+    (``NonFiniteLogits``, ``NoCandidates``, ``InvalidParams``, ...), ``row`` the row index
+    (``None`` for an error of no row: a ``SamplingParams`` out of range)."""
 
-    def __init__(self, kind: str, message: str, row: int):
-        super().__init__(f"row {row}: {message}")
+    def __init__(self, kind: str, message: str, row: Optional[int]):
+        super().__init__(message if row is None else f"row {row}: {message}")
         self.kind = kind
         self.message = message
         self.row = row
 
     def __reduce__(self):  # pickle and copy (errors cross process pools)
         return (type(self), (self.kind, self.message, self.row))
+
+
+class GrammarError(NucleusError):
+    """An error of structured output (``nucleus.GrammarCompiler``, ``nucleus.GrammarMatcher``):
+    ``kind`` is the Rust ``nucleus_grammar::GrammarError`` variant (``Tokenizer``,
+    ``InvalidSchemaJson``, ``Compile``, ``TooDeep``, ``TokenOutOfRange``, ``TokenRejected``,
+    ``Ended``, ``RollbackTooFar``, ``BitmaskTooShort``, ``Matcher``, ...) or, for a bitmask
+    argument, ``BitmaskShape`` / ``BitmaskIndex``; ``message`` says what is wrong."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+    def __reduce__(self):  # pickle and copy, as SamplingError
+        return (type(self), (self.kind, self.message))
 
 
 class SampleResult(NamedTuple):
@@ -71,12 +94,21 @@ class SampleResult(NamedTuple):
     - ``logprobs``: float64 ``[batch]``, the chosen token's natural-log probability under the
       final distribution (0 for greedy), NaN for a row that failed;
     - ``errors``: one entry per row, ``None`` or the row's :class:`SamplingError` (returned,
-      not raised: the other rows are sampled).
+      not raised: the other rows are sampled);
+    - ``seeds``: uint64 ``[batch]``, the seed each row used (its own, or the one drawn from the
+      OS when it had none: pass it back to reproduce the draw); 0 for a failed row;
+    - ``num_candidates``: int64 ``[batch]``, the tokens with non-zero final probability (1 for
+      greedy); 0 for a failed row;
+    - ``mirostat_mu``: float64 ``[batch]``, mirostat's ``mu`` after this token (pass it as the
+      next step's ``mirostat_mu``); NaN where mirostat is off or the row failed.
     """
 
     token_ids: np.ndarray
     logprobs: np.ndarray
     errors: List[Optional[SamplingError]]
+    seeds: np.ndarray
+    num_candidates: np.ndarray
+    mirostat_mu: np.ndarray
 
 
 _LOGIT_DTYPES = ("float32", "float16", "bfloat16")
@@ -207,14 +239,60 @@ def _rows(batch, temperature, top_k, top_p, min_p, repetition_penalty, presence_
     )
 
 
+_KEYWORD_DEFAULTS = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
+                         presence_penalty=0.0, frequency_penalty=0.0, seed=None)
+
+
+def _extras(batch, params, stop_token_ids, mirostat_mu, token_bitmask, keywords) -> dict:
+    """The optional inputs of ``_core.sample`` / ``_core.distribution_f32``, checked."""
+    out = {}
+    if params is not None:
+        for name, value in keywords.items():
+            default = _KEYWORD_DEFAULTS[name]
+            if not (value is default or (isinstance(value, (int, float)) and value == default
+                                         and not isinstance(value, bool))):
+                raise ValueError(f"pass either params= or {name}=, not both (the keyword "
+                                 "parameters are the fields of SamplingParams)")
+        rows = [params] * batch if isinstance(params, SamplingParams) else list(params)
+        if len(rows) != batch:
+            raise ValueError(f"params must be one SamplingParams or one per row ({batch}), "
+                             f"got {len(rows)}")
+        for i, p in enumerate(rows):
+            if not isinstance(p, SamplingParams):
+                raise TypeError(f"params[{i}] must be a nucleus.SamplingParams, got "
+                                f"{type(p).__name__}")
+            if p.n != 1:
+                raise ValueError(f"params[{i}].n is {p.n}: nucleus.sample draws one token per "
+                                 "row; draw sample i with sample_index=i")
+            if p.logprobs is not None:
+                raise ValueError(f"params[{i}].logprobs is set: nucleus.sample returns the "
+                                 "chosen tokens' logprobs; nucleus.distribution gives every "
+                                 "token's exact probability")
+        out["params"] = [p._to_dict() for p in rows]
+    if stop_token_ids is not None:
+        out["stop_token_ids"] = _ids("stop_token_ids", stop_token_ids, batch)
+    if mirostat_mu is not None:
+        out["mirostat_mu"] = _per_row("mirostat_mu", mirostat_mu, batch, "float")
+    if token_bitmask is not None:
+        m = token_bitmask
+        if not isinstance(m, np.ndarray) or m.dtype != np.int32 or m.ndim != 2:
+            raise TypeError("token_bitmask must be an int32 numpy array [batch, words] "
+                            "(nucleus.allocate_token_bitmask)")
+        _check_array("token_bitmask", m)
+        out["token_bitmask"] = m
+    return out
+
+
 def _errors(raw) -> List[Optional[SamplingError]]:
     return [None if e is None else SamplingError(e[0], e[1], i) for i, e in enumerate(raw)]
 
 
+@torch_io
 def sample(logits: np.ndarray, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
            repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
            seed=None, position=0, prompt_ids=None, output_ids=None,
-           vocab_size: Optional[int] = None) -> SampleResult:
+           token_bitmask=None, params=None, stop_token_ids=None, mirostat_mu=None,
+           sample_index=0, vocab_size: Optional[int] = None) -> SampleResult:
     """Sample one token per row of ``logits``.
 
     Args:
@@ -233,11 +311,29 @@ def sample(logits: np.ndarray, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0
             of the token being chosen in its sequence).
         prompt_ids, output_ids: ``None`` or one sequence of token ids per row (below
             ``vocab_size``): what the penalties count.
+        token_bitmask: ``None`` or int32 ``[batch, >= ceil(vocab_size / 32)]`` in XGrammar's
+            layout (token ``t`` is bit ``t % 32`` of word ``t // 32``, set = allowed; -1 allows
+            all), e.g. filled by :class:`nucleus.GrammarMatcher`, XGrammar or llguidance:
+            applied at spec step 3 to the sampler's copy of the row, never to ``logits``.
+        params: ``None``, one :class:`nucleus.SamplingParams` for every row, or a sequence of
+            one per row: every parameter of the sampler (DRY, XTC, mirostat, typical-p, ...).
+            With ``params`` the keywords from ``temperature`` to ``frequency_penalty`` and
+            ``seed`` must be left at their defaults (the seed is ``params.seed``), and
+            ``params.n`` must be 1 and ``params.logprobs`` ``None`` (one token per row: draw
+            sample ``i`` of a row with ``sample_index=i``; exact probabilities come from
+            :func:`distribution`).
+        stop_token_ids: ``None`` or one sequence per row: the EOS and stop ids that
+            ``min_tokens`` bans while ``len(output_ids) < min_tokens``.
+        mirostat_mu: ``None`` or float ``[batch]``: mirostat's ``mu`` from the previous step
+            (:attr:`SampleResult.mirostat_mu`); NaN or ``None``: the start value ``2 * tau``.
+        sample_index: int in [0, 2**32), scalar or ``[batch]``: the Philox counter's third
+            word, which of a row's samples this is (spec "Random streams").
         vocab_size: the candidate ids per row, default ``row_len``; ids at or above it are
             padding and never chosen.
 
     Returns:
-        :class:`SampleResult` ``(token_ids int64[batch], logprobs float64[batch], errors)``.
+        :class:`SampleResult` ``(token_ids int64[batch], logprobs float64[batch], errors,
+        seeds, num_candidates, mirostat_mu)``.
 
     Raises:
         TypeError: logits not a NumPy array of a supported dtype, a parameter of the wrong type.
@@ -249,15 +345,23 @@ def sample(logits: np.ndarray, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0
     batch, row_len = x.shape
     vocab = _vocab(vocab_size, row_len)
     args = _rows(batch, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
-                 frequency_penalty, seed, position, 0, prompt_ids, output_ids)
-    tokens, logprobs, errors = _core.sample(x, x.dtype.name, "logits", vocab, *args)
-    return SampleResult(tokens, logprobs, _errors(errors))
+                 frequency_penalty, seed, position, sample_index, prompt_ids, output_ids)
+    extra = _extras(batch, params, stop_token_ids, mirostat_mu, token_bitmask,
+                    dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                         repetition_penalty=repetition_penalty,
+                         presence_penalty=presence_penalty,
+                         frequency_penalty=frequency_penalty, seed=seed))
+    out = _core.sample(x, x.dtype.name, "logits", vocab, *args, **extra)
+    tokens, logprobs, errors, seeds, candidates, mu = out
+    return SampleResult(tokens, logprobs, _errors(errors), seeds, candidates, mu)
 
 
+@torch_io
 def distribution(logits: np.ndarray, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
                  repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
                  seed=None, position=0, prompt_ids=None, output_ids=None,
-                 vocab_size: Optional[int] = None):
+                 token_bitmask=None, params=None, stop_token_ids=None, mirostat_mu=None,
+                 sample_index=0, vocab_size: Optional[int] = None):
     """The exact final distribution :func:`sample` draws each row's token from.
 
     Arguments as :func:`sample` (float16 and bfloat16 logits are widened to float32, which is
@@ -271,8 +375,13 @@ def distribution(logits: np.ndarray, *, temperature=1.0, top_k=0, top_p=1.0, min
     batch, row_len = x.shape
     vocab = _vocab(vocab_size, row_len)
     args = _rows(batch, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
-                 frequency_penalty, seed, position, 0, prompt_ids, output_ids)
-    probs, errors = _core.distribution_f32(x, "logits", vocab, *args)
+                 frequency_penalty, seed, position, sample_index, prompt_ids, output_ids)
+    extra = _extras(batch, params, stop_token_ids, mirostat_mu, token_bitmask,
+                    dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                         repetition_penalty=repetition_penalty,
+                         presence_penalty=presence_penalty,
+                         frequency_penalty=frequency_penalty, seed=seed))
+    probs, errors = _core.distribution_f32(x, "logits", vocab, *args, **extra)
     return probs.reshape(batch, row_len), _errors(errors)
 
 
@@ -289,4 +398,6 @@ from .sampling import (  # noqa: E402  (FlashInfer's names; they use the helpers
 )
 from .bitmask import allocate_token_bitmask, apply_token_bitmask_inplace  # noqa: E402
 from .chain import SamplerChain  # noqa: E402
+from .params import SamplingParams  # noqa: E402
+from .grammar import CompiledGrammar, GrammarCompiler, GrammarMatcher  # noqa: E402
 from . import npu  # noqa: E402,F401  (nucleus.npu, the Ascend operators)

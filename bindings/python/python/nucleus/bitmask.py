@@ -18,6 +18,7 @@ from typing import Optional
 import numpy as np
 
 from . import _core
+from ._dlpack import torch_io
 
 __all__ = ["allocate_token_bitmask", "apply_token_bitmask_inplace", "bitmask_words"]
 
@@ -39,6 +40,7 @@ def allocate_token_bitmask(batch_size: int, vocab_size: int) -> np.ndarray:
     return np.full((int(batch_size), bitmask_words(vocab_size)), -1, dtype=np.int32)
 
 
+@torch_io
 def apply_token_bitmask_inplace(logits: np.ndarray, bitmask: np.ndarray, *,
                                 vocab_size: Optional[int] = None, indices=None) -> None:
     """Set the logits of disallowed tokens to -inf, in place.

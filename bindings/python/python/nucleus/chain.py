@@ -11,6 +11,7 @@ from typing import Sequence, Tuple, Union
 import numpy as np
 
 from . import SamplingError, _core, _logits_2d
+from ._dlpack import torch_io
 
 __all__ = ["SamplerChain"]
 
@@ -70,6 +71,7 @@ class SamplerChain:
         """The ids accepted since ``reset``."""
         return self._chain.output_ids
 
+    @torch_io
     def sample(self, logits: np.ndarray, *, position: int, sample_index: int = 0
                ) -> Tuple[int, float]:
         """Sample one row (``[vocab]`` float32, float16 or bfloat16) at ``position`` (the
@@ -77,6 +79,7 @@ class SamplerChain:
         :class:`nucleus.SamplingError`."""
         return _call(self._chain.sample, _row(logits), int(position), int(sample_index))
 
+    @torch_io
     def distribution(self, logits: np.ndarray, *, position: int) -> np.ndarray:
         """The final distribution this row would be drawn from: float64 ``[vocab]``."""
         return _call(self._chain.distribution, _row(logits), int(position))

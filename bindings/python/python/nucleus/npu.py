@@ -23,6 +23,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from . import SamplingError, _core
+from ._dlpack import torch_io
 
 __all__ = [
     "npu_top_k_top_p_sample",
@@ -127,6 +128,8 @@ def _not_implemented(name: str, value, why: str):
 
 # --- npu_top_k_top_p_sample ---------------------------------------------------------------------
 
+
+@torch_io
 def npu_top_k_top_p_sample(logits, top_k, top_p, q=None, eps=1e-8, is_need_logits=False,
                            top_k_guess=32, min_ps=None, ks_max=1024, input_is_logits=True,
                            post_sample="qSample", generator=None, *, return_status=False,
@@ -244,6 +247,8 @@ def npu_top_k_top_p_sample(logits, top_k, top_p, q=None, eps=1e-8, is_need_logit
 
 # --- npu_moe_init_routing_v2 --------------------------------------------------------------------
 
+
+@torch_io
 def npu_moe_init_routing_v2(x, expert_idx, *, scale=None, offset=None, active_num=-1,
                             expert_capacity=-1, expert_num=-1, drop_pad_mode=0,
                             expert_tokens_num_type=0, expert_tokens_num_flag=False,
@@ -358,6 +363,7 @@ def _cast_like(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     return w if x.dtype == np.float32 else w.astype(x.dtype)
 
 
+@torch_io
 def npu_moe_gating_top_k_softmax(x, finished=None, k=1):
     """Softmax gating then top-k (spec/moe_routing.md, ``moe_gating_top_k_softmax``).
 
@@ -399,6 +405,7 @@ def npu_moe_gating_top_k_softmax(x, finished=None, k=1):
             np.ascontiguousarray(row_idx).reshape(shape))
 
 
+@torch_io
 def npu_moe_gating_top_k(x, k, *, bias=None, input_ids=None, tid2eid=None, k_group=1,
                          group_count=1, group_select_mode=0, renorm=0, norm_type=0,
                          out_flag=False, routed_scaling_factor=1.0, eps=1e-20):
@@ -455,6 +462,7 @@ def _rows_tensor(name: str, a, dtype, ndims=(2,)) -> np.ndarray:
     return np.ascontiguousarray(a)
 
 
+@torch_io
 def npu_moe_finalize_routing(expanded_permuted_rows, skip1, skip2, bias, scales,
                              expanded_src_to_dst_row, expert_for_source_row, drop_pad_mode=0,
                              k=1):
@@ -523,6 +531,7 @@ def npu_moe_finalize_routing(expanded_permuted_rows, skip1, skip2, bias, scales,
     return out.reshape(n, h)
 
 
+@torch_io
 def npu_moe_token_unpermute(permuted_tokens, sorted_indices, probs=None, padded_mode=False,
                             restore_shape=None):
     """Combines each token's expert outputs (spec/moe_routing.md, ``moe_token_unpermute``).

@@ -33,6 +33,7 @@ from typing import Optional
 import numpy as np
 
 from . import _core, _errors, _logits_2d, _rows
+from ._dlpack import torch_io
 
 __all__ = [
     "top_k_top_p_sampling_from_logits",
@@ -99,13 +100,14 @@ def _draw(x, kind: str, *, top_k=0, top_p=1.0, min_p=0.0, indices=None, check_na
     batch, row_len = x.shape
     seeds, position, sample_index = _streams(batch, seed, offset, generator)
     args = _rows(batch, 1.0, top_k, top_p, min_p, 1.0, 0.0, 0.0, seeds, position, sample_index)
-    tokens, _, errors = _core.sample(x, x.dtype.name, kind, row_len, *args)
+    tokens, _, errors = _core.sample(x, x.dtype.name, kind, row_len, *args)[:3]
     samples = tokens.astype(out_dtype)
     if return_valid:
         return samples, np.array([e is None for e in errors], dtype=bool)
     return samples
 
 
+@torch_io
 def top_k_top_p_sampling_from_logits(logits, top_k, top_p, indices=None,
                                      filter_apply_order: str = "top_k_first",
                                      deterministic: bool = True, generator=None,
@@ -119,6 +121,7 @@ def top_k_top_p_sampling_from_logits(logits, top_k, top_p, indices=None,
                  check_nan=check_nan, seed=seed, offset=offset, generator=generator)
 
 
+@torch_io
 def top_k_top_p_sampling_from_probs(probs, top_k, top_p, indices=None,
                                     filter_apply_order: str = "top_k_first",
                                     deterministic: bool = True, generator=None,
@@ -132,6 +135,7 @@ def top_k_top_p_sampling_from_probs(probs, top_k, top_p, indices=None,
                  seed=seed, offset=offset, generator=generator, return_valid=return_valid)
 
 
+@torch_io
 def top_p_sampling_from_probs(probs, top_p, indices=None, deterministic: bool = True,
                               generator=None, check_nan: bool = False, seed=None, offset=None,
                               return_valid: bool = False):
@@ -141,6 +145,7 @@ def top_p_sampling_from_probs(probs, top_p, indices=None, deterministic: bool = 
                  offset=offset, generator=generator, return_valid=return_valid)
 
 
+@torch_io
 def top_k_sampling_from_probs(probs, top_k, indices=None, deterministic: bool = True,
                               generator=None, check_nan: bool = False, seed=None, offset=None,
                               return_valid: bool = False):
@@ -150,6 +155,7 @@ def top_k_sampling_from_probs(probs, top_k, indices=None, deterministic: bool = 
                  offset=offset, generator=generator, return_valid=return_valid)
 
 
+@torch_io
 def min_p_sampling_from_probs(probs, min_p, indices=None, deterministic: bool = True,
                               generator=None, check_nan: bool = False, seed=None, offset=None,
                               return_valid: bool = False):
@@ -170,6 +176,7 @@ def _renorm(probs, top_k=0, top_p=1.0):
     return out.reshape(np.shape(probs)).astype(dtype)
 
 
+@torch_io
 def top_k_renorm_probs(probs, top_k):
     """FlashInfer's ``top_k_renorm_probs``: each row of ``probs`` ``[B, V]`` (float32, float16
     or bfloat16) kept to its ``top_k`` (int or ``[B]``) largest (exactly k, ties toward the
@@ -178,6 +185,7 @@ def top_k_renorm_probs(probs, top_k):
     return _renorm(probs, top_k=top_k)
 
 
+@torch_io
 def top_p_renorm_probs(probs, top_p, is_deterministic: bool = False):
     """FlashInfer's ``top_p_renorm_probs``: each row of ``probs`` ``[B, V]`` kept to its top-p
     set (``top_p`` float or ``[B]``) and renormalised; same dtype (NaN for a row that cannot
@@ -185,6 +193,7 @@ def top_p_renorm_probs(probs, top_p, is_deterministic: bool = False):
     return _renorm(probs, top_p=top_p)
 
 
+@torch_io
 def top_k_mask_logits(logits, top_k):
     """FlashInfer's ``top_k_mask_logits``: a copy of ``logits`` ``[B, V]`` (float32, float16 or
     bfloat16) with every token outside each row's ``top_k`` (int or ``[B]``) largest set to
@@ -209,6 +218,7 @@ def top_k_mask_logits(logits, top_k):
     return out.reshape(np.shape(logits))
 
 
+@torch_io
 def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs,
                                maybe_output_accepted_token_num=None,
                                maybe_output_emitted_draft_token_num=None,
