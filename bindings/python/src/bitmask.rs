@@ -1,6 +1,6 @@
 //! `nucleus._core`'s token-bitmask function (Python: `nucleus.apply_token_bitmask_inplace`).
 
-use numpy::{PyReadonlyArray2, PyReadwriteArray2, PyUntypedArrayMethods};
+use numpy::{PyArrayDescrMethods, PyReadonlyArray2, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -8,15 +8,34 @@ use pyo3::prelude::*;
 /// bit in `bitmask[r]` is clear (XGrammar's int32 layout: bit `t % 32` of word `t / 32`, set =
 /// allowed), and for every `t >= vocab_size` (as llguidance does). `logits` float32
 /// `[B, row_len]`, rows contiguous; `bitmask` int32 `[B', ceil(vocab_size / 32)]` or wider.
+///
+/// Only the selected rows are borrowed, each for its own write, not the whole array: threads
+/// masking different rows of one logits array at the same time (as engines do) never refuse
+/// each other; two threads writing the same row at once is the caller's race, as with
+/// XGrammar's kernel.
 #[pyfunction]
 fn apply_token_bitmask_inplace_f32<'py>(
     py: Python<'py>,
-    mut logits: PyReadwriteArray2<'py, f32>,
+    logits: &Bound<'py, PyUntypedArray>,
     bitmask: PyReadonlyArray2<'py, i32>,
     vocab_size: usize,
     rows: Vec<usize>,
 ) -> PyResult<()> {
+    if logits.ndim() != 2 || !logits.dtype().is_equiv_to(&numpy::dtype::<f32>(py)) {
+        return Err(PyValueError::new_err("logits must be a 2-D float32 array"));
+    }
+    // SAFETY: a live NumPy array; reading its fields is sound.
+    let (data, flags) = unsafe {
+        let raw = logits.as_array_ptr();
+        ((*raw).fields.data.cast::<f32>(), (*raw).fields.flags)
+    };
+    if flags & numpy::npyffi::NPY_ARRAY_WRITEABLE == 0 {
+        return Err(PyValueError::new_err(
+            "logits is read-only: apply_token_bitmask_inplace writes into it",
+        ));
+    }
     let (batch, row_len) = (logits.shape()[0], logits.shape()[1]);
+    let strides = logits.strides();
     let (mask_rows, words) = (bitmask.shape()[0], bitmask.shape()[1]);
     if vocab_size > row_len || vocab_size.div_ceil(32) > words {
         return Err(PyValueError::new_err(format!(
@@ -30,40 +49,45 @@ fn apply_token_bitmask_inplace_f32<'py>(
             "row {r} is outside the logits ({batch} rows) or the bitmask ({mask_rows} rows)"
         )));
     }
+    if row_len > 1 && strides[1] != 4 {
+        return Err(PyValueError::new_err(format!(
+            "the logits' rows must be contiguous (element stride {} bytes, a float32 is 4)",
+            strides[1]
+        )));
+    }
+    if batch > 1 && row_len > 0 && strides[0].unsigned_abs() < row_len * 4 {
+        return Err(PyValueError::new_err(format!(
+            "the logits' rows overlap (row stride {} bytes, rows of {row_len} values)",
+            strides[0]
+        )));
+    }
+    if !(data as usize).is_multiple_of(std::mem::align_of::<f32>()) {
+        return Err(PyValueError::new_err(
+            "the logits are not aligned to 4 bytes; copy them (np.ascontiguousarray)",
+        ));
+    }
     let mask = bitmask.as_array();
-    let mut view = logits.as_array_mut();
-    // Every selected row, its bitmask words as u32 (the same bits).
+    // Every selected row once (a row named twice is masked once: the same bits), with its
+    // bitmask words as u32 (the same bits) and the address of its first logit.
+    let mut seen = vec![false; batch];
     let mut work: Vec<(usize, Vec<u32>)> = Vec::with_capacity(rows.len());
     for &r in &rows {
-        let row = mask.row(r);
-        work.push((r, row.iter().map(|&w| w as u32).collect()));
-    }
-    // Row r -> its entry of `work` (a row named twice is masked once: the same bits).
-    let mut slot = vec![None; batch];
-    for (pos, (r, _)) in work.iter().enumerate() {
-        slot[*r] = Some(pos);
-    }
-    let targets: Vec<_> = view
-        .outer_iter_mut()
-        .zip(slot)
-        .filter_map(|(row, pos)| pos.map(|p| (row, p)))
-        .collect();
-    // Contiguity of each row, checked before any write.
-    for (row, _) in &targets {
-        if row.as_slice().is_none() {
-            return Err(PyValueError::new_err(
-                "the logits' rows must be contiguous (element stride 4 bytes)",
-            ));
+        if !std::mem::replace(&mut seen[r], true) && row_len > 0 {
+            // SAFETY: r < batch, so the row's first element lies inside the array.
+            let start = unsafe { data.cast::<u8>().offset(r as isize * strides[0]) } as usize;
+            work.push((start, mask.row(r).iter().map(|&w| w as u32).collect()));
         }
     }
     py.detach(move || {
-        for (mut row, pos) in targets {
-            if let Some(values) = row.as_slice_mut() {
-                let (vocab, padding) = values.split_at_mut(vocab_size);
-                // The checks above make the words enough: this cannot fail.
-                let _ = nucleus_sampling::apply_token_bitmask_inplace(vocab, &work[pos].1);
-                padding.fill(f32::NEG_INFINITY);
-            }
+        for (start, words) in &work {
+            // SAFETY: the row's `row_len` values are contiguous, inside the array, and no
+            // other row overlaps them (checked above); each is borrowed once, here. The array
+            // is kept alive by the caller's reference for the duration of the call.
+            let values = unsafe { std::slice::from_raw_parts_mut(*start as *mut f32, row_len) };
+            let (vocab, padding) = values.split_at_mut(vocab_size);
+            // The checks above make the words enough: this cannot fail.
+            let _ = nucleus_sampling::apply_token_bitmask_inplace(vocab, words);
+            padding.fill(f32::NEG_INFINITY);
         }
     });
     Ok(())

@@ -4,14 +4,31 @@ use nucleus_sampling::chain::{ProcessorConfig, ProcessorContext, SamplerChain};
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use std::sync::{Mutex, MutexGuard};
 
 /// A processor chain built from the JSON of `nucleus sample`'s `chain` (README.md, "Processor
 /// chains"), with the state of one sequence: the ids it was reset with and told.
-#[pyclass(name = "SamplerChain", module = "nucleus._core")]
+///
+/// The state is behind a mutex: threads sharing one chain take turns (each call sees the
+/// state the previous one left), never a borrow error.
+#[pyclass(name = "SamplerChain", module = "nucleus._core", frozen)]
 pub(crate) struct PySamplerChain {
+    state: Mutex<State>,
+}
+
+#[derive(Clone)]
+struct State {
     chain: SamplerChain,
     prompt_ids: Vec<u32>,
     output_ids: Vec<u32>,
+}
+
+impl PySamplerChain {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 fn value_error(e: impl std::fmt::Display) -> PyErr {
@@ -32,44 +49,60 @@ impl PySamplerChain {
             .map_err(|e| PyValueError::new_err(format!("the chain's JSON: {e}")))?;
         let chain = SamplerChain::from_config(&config).map_err(value_error)?;
         Ok(Self {
-            chain,
-            prompt_ids: Vec::new(),
-            output_ids: Vec::new(),
+            state: Mutex::new(State {
+                chain,
+                prompt_ids: Vec::new(),
+                output_ids: Vec::new(),
+            }),
         })
     }
 
+    /// An independent copy: the same processors with the same state (counts, history, `mu`).
+    fn clone(&self) -> Self {
+        Self {
+            state: Mutex::new(self.lock().clone()),
+        }
+    }
+
     /// Starts a sequence: the processors forget what they saw and learn the prompt.
-    fn reset(&mut self, prompt_ids: Vec<u32>) {
-        self.chain.reset(&prompt_ids);
-        self.prompt_ids = prompt_ids;
-        self.output_ids.clear();
+    fn reset(&self, prompt_ids: Vec<u32>) {
+        let mut state = self.lock();
+        state.chain.reset(&prompt_ids);
+        state.prompt_ids = prompt_ids;
+        state.output_ids.clear();
     }
 
     /// Tells the chain the token the sequence took (after `sample`).
-    fn accept(&mut self, token: u32) {
-        self.chain.accept(token);
-        self.output_ids.push(token);
+    fn accept(&self, token: u32) {
+        let mut state = self.lock();
+        state.chain.accept(token);
+        state.output_ids.push(token);
     }
 
     /// The ids generated since `reset`.
     #[getter]
     fn output_ids(&self) -> Vec<u32> {
-        self.output_ids.clone()
+        self.lock().output_ids.clone()
     }
 
     /// Samples one row of f32 logits at `position`: `(token, logprob)`.
     #[pyo3(signature = (logits, position, sample_index=0))]
     fn sample(
-        &mut self,
+        &self,
         py: Python<'_>,
         logits: PyReadonlyArray1<'_, f32>,
         position: u64,
         sample_index: u32,
     ) -> PyResult<(u32, f64)> {
         let row = logits.as_slice().map_err(value_error)?;
-        let (chain, prompt, output) = (&mut self.chain, &self.prompt_ids, &self.output_ids);
         let out = py.detach(|| {
-            let ctx = ProcessorContext::new(prompt, output, position);
+            let mut state = self.lock();
+            let State {
+                chain,
+                prompt_ids,
+                output_ids,
+            } = &mut *state;
+            let ctx = ProcessorContext::new(prompt_ids, output_ids, position);
             chain.sample(row, &ctx, sample_index)
         });
         out.map(|o| (o.token, o.logprob))
@@ -79,15 +112,20 @@ impl PySamplerChain {
     /// The final distribution the chain would draw this row from: float64 `[V]`.
     #[pyo3(signature = (logits, position))]
     fn distribution<'py>(
-        &mut self,
+        &self,
         py: Python<'py>,
         logits: PyReadonlyArray1<'py, f32>,
         position: u64,
     ) -> PyResult<Bound<'py, PyArray1<f64>>> {
         let row = logits.as_slice().map_err(value_error)?;
-        let (chain, prompt, output) = (&mut self.chain, &self.prompt_ids, &self.output_ids);
         let out = py.detach(|| {
-            let ctx = ProcessorContext::new(prompt, output, position);
+            let mut state = self.lock();
+            let State {
+                chain,
+                prompt_ids,
+                output_ids,
+            } = &mut *state;
+            let ctx = ProcessorContext::new(prompt_ids, output_ids, position);
             chain.distribution(row, &ctx)
         });
         out.map(|d| d.into_pyarray(py))

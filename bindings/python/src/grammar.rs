@@ -13,7 +13,7 @@ use nucleus_grammar::{
     CompiledGrammar, GrammarCompiler, GrammarError, GrammarKind, GrammarMatcher, GrammarOptions,
     GrammarSpec, TokenEnv,
 };
-use numpy::{PyArrayMethods, PyReadwriteArray2, PyUntypedArrayMethods};
+use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use tokenizers::Tokenizer;
@@ -263,9 +263,23 @@ impl PyGrammarMatcher {
     fn fill_next_token_bitmask(
         &self,
         py: Python<'_>,
-        bitmask: PyReadwriteArray2<'_, i32>,
+        bitmask: &Bound<'_, PyUntypedArray>,
         index: usize,
     ) -> PyResult<bool> {
+        if bitmask.ndim() != 2 || !bitmask.dtype().is_equiv_to(&numpy::dtype::<i32>(py)) {
+            return Err(argument_error(
+                "BitmaskShape",
+                "the bitmask must be a 2-D int32 array".to_string(),
+            ));
+        }
+        // SAFETY: a live NumPy array; reading its flags is sound.
+        let flags = unsafe { (*bitmask.as_array_ptr()).fields.flags };
+        if flags & numpy::npyffi::NPY_ARRAY_WRITEABLE == 0 {
+            return Err(argument_error(
+                "BitmaskShape",
+                "the bitmask is read-only: fill_next_token_bitmask writes into it".to_string(),
+            ));
+        }
         let (rows, words) = (bitmask.shape()[0], bitmask.shape()[1]);
         if index >= rows {
             return Err(argument_error(
@@ -283,7 +297,18 @@ impl PyGrammarMatcher {
                 ),
             ));
         }
-        let data = bitmask.data();
+        if rows > 1 && words > 0 && strides[0].unsigned_abs() < words * 4 {
+            return Err(argument_error(
+                "BitmaskShape",
+                format!(
+                    "the bitmask's rows overlap (row stride {} bytes, rows of {words} words): \
+                     each row needs its own memory",
+                    strides[0]
+                ),
+            ));
+        }
+        // SAFETY: a live NumPy array; reading its data pointer is sound.
+        let data = unsafe { (*bitmask.as_array_ptr()).fields.data.cast::<i32>() };
         if !(data as usize).is_multiple_of(std::mem::align_of::<i32>()) {
             return Err(argument_error(
                 "BitmaskShape",
@@ -293,10 +318,14 @@ impl PyGrammarMatcher {
         let row: &mut [u32] = if words == 0 {
             &mut []
         } else {
-            // SAFETY: the readwrite borrow gives this call exclusive access to the array for
-            // its duration; `index < rows`, and the row's `words` words are contiguous (checked
-            // above), so [start, start + words) lies inside the array. i32 and u32 have the
-            // same size and alignment, and every bit pattern is valid for both.
+            // SAFETY: `index < rows`, and the row's `words` words are contiguous and no other
+            // row overlaps them (checked above), so [start, start + words) lies inside the
+            // array and is this row's alone. Only this row is borrowed, not the array (NumPy
+            // borrow tracking would refuse threads filling other rows of one bitmask, which
+            // is how engines use it): a second thread writing the *same* row at the same time
+            // is the caller's race, as with XGrammar and llguidance. i32 and u32 have the same
+            // size and alignment, and every bit pattern is valid for both. The array is kept
+            // alive by the caller's reference for the duration of the call.
             unsafe {
                 let start = data
                     .cast::<u8>()

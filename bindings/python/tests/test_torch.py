@@ -252,3 +252,12 @@ def test_grammar_matcher_fills_a_torch_bitmask_in_place():
     assert t.data_ptr() == ptr  # written in place, not replaced
     np.testing.assert_array_equal(t.numpy(), a)
     assert bool((t[:2] == -1).all())  # the other rows untouched
+
+
+def test_sparse_and_expanded_tensors_are_refused_with_nucleus_errors():
+    with pytest.raises(ValueError, match="dense"):
+        nucleus.sample(torch.zeros(2, 10).to_sparse())
+    row = torch.full((1, 8), -1, dtype=torch.int32)
+    logits = torch.zeros(1, 256)
+    with pytest.raises(ValueError, match="overlap"):
+        nucleus.apply_token_bitmask_inplace(logits.expand(3, 256), row.expand(3, 8))

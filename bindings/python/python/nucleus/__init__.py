@@ -147,6 +147,8 @@ def _logits_2d(logits, name: str = "logits") -> np.ndarray:
 
 
 def _vocab(vocab_size, row_len: int) -> int:
+    if row_len == 0:
+        raise ValueError("the logits' rows have no entries (shape [batch, 0]): nothing to sample")
     if vocab_size is None:
         return row_len
     if isinstance(vocab_size, (bool, np.bool_)):
@@ -253,7 +255,13 @@ def _extras(batch, params, stop_token_ids, mirostat_mu, token_bitmask, keywords)
                                          and not isinstance(value, bool))):
                 raise ValueError(f"pass either params= or {name}=, not both (the keyword "
                                  "parameters are the fields of SamplingParams)")
-        rows = [params] * batch if isinstance(params, SamplingParams) else list(params)
+        if isinstance(params, SamplingParams):
+            rows = [params] * batch
+        elif isinstance(params, (list, tuple)):
+            rows = list(params)
+        else:
+            raise TypeError(f"params must be a nucleus.SamplingParams or a list of one per row, "
+                            f"got {type(params).__name__}")
         if len(rows) != batch:
             raise ValueError(f"params must be one SamplingParams or one per row ({batch}), "
                              f"got {len(rows)}")

@@ -43,6 +43,9 @@ def _is_dlpack(x: Any) -> bool:
 def to_numpy(x: Any) -> np.ndarray:
     """A NumPy array over ``x``'s memory (``x``: any CPU DLPack producer); no copy."""
     if is_torch(x):
+        if x.layout != sys.modules["torch"].strided:
+            raise ValueError(f"nucleus reads dense tensors: this one is {x.layout}; call "
+                             ".to_dense() first")
         if x.device.type != "cpu":
             raise ValueError(f"nucleus runs on the CPU: the tensor is on {x.device}; move it "
                              "to the CPU first (.cpu())")

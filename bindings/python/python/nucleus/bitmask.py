@@ -85,8 +85,9 @@ def apply_token_bitmask_inplace(logits: np.ndarray, bitmask: np.ndarray, *,
                                                                       (int, np.integer)):
             raise TypeError(f"vocab_size must be an integer, got {type(vocab_size).__name__}")
         vocab = int(vocab_size)
-    if vocab < 0:
-        raise ValueError(f"vocab_size must be >= 0, got {vocab}")
+    if not 0 <= vocab <= x.shape[1]:
+        raise ValueError(f"vocab_size {vocab} must be in 0..={x.shape[1]} (the logits' row "
+                         "length)")
     if indices is None:
         if x.shape[0] != m.shape[0]:
             raise ValueError(f"without indices the logits ({x.shape[0]} rows) and the bitmask "

@@ -6,6 +6,7 @@ or ``{"greedy": {}}``)."""
 from __future__ import annotations
 
 import json
+import operator
 from typing import Sequence, Tuple, Union
 
 import numpy as np
@@ -32,6 +33,39 @@ def _token(name: str, t) -> int:
     return int(t)
 
 
+def _counter(name: str, value, bits: int) -> int:
+    """An integer in [0, 2**bits): the Philox position (64 bits) or sample index (32)."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an integer, got bool")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}") from None
+    if not 0 <= v < 2**bits:
+        raise ValueError(f"{name} {v} is outside [0, 2**{bits})")
+    return v
+
+
+_SELECTIONS = ("sample", "greedy", "mirostat", "mirostat_v2", "adaptive_p")
+
+
+def _check_selection(config) -> None:
+    """One token per call: a selection's ``n > 1`` or ``logprobs`` is refused, as in
+    :func:`nucleus.sample` (they are the CLI's; here draw sample i with ``sample_index=i`` and
+    read probabilities with ``distribution``)."""
+    for entry in config if isinstance(config, list) else []:
+        if isinstance(entry, dict) and len(entry) == 1:
+            (name, args), = entry.items()
+            if name in _SELECTIONS and isinstance(args, dict):
+                if args.get("n") not in (None, 1):
+                    raise ValueError(f"{name}.n is {args['n']}: SamplerChain.sample draws one "
+                                     "token per call; draw sample i with sample_index=i")
+                if args.get("logprobs") is not None:
+                    raise ValueError(f"{name}.logprobs is set: SamplerChain.sample returns the "
+                                     "chosen token's logprob; distribution() gives every "
+                                     "token's exact probability")
+
+
 def _call(f, *args):
     try:
         return f(*args)
@@ -52,11 +86,30 @@ class SamplerChain:
     A decode loop: ``reset(prompt_ids)`` once, then per step ``sample(logits, position=...)``
     and ``accept(token)``. The processors keep their state (penalty counts, DRY's history,
     mirostat's ``mu``) between steps, as in llama.cpp's ``llama_sampler_chain``.
+
+    Threads may share a chain: their calls take turns, each seeing the state the previous
+    one left. ``copy.copy`` / ``copy.deepcopy`` give an independent chain with the same state.
+    A selection's ``n > 1`` or ``logprobs`` (the CLI's) is a ValueError here: ``sample``
+    draws one token per call (sample ``i`` with ``sample_index=i``).
     """
 
     def __init__(self, config: Union[str, Sequence[dict]]):
         text = config if isinstance(config, str) else json.dumps(list(config))
+        try:
+            parsed = json.loads(text)
+        except ValueError:
+            parsed = None  # the core names the JSON error
+        _check_selection(parsed)
         self._chain = _core.SamplerChain(text)
+
+    def __copy__(self) -> "SamplerChain":
+        """An independent copy with the same state (``copy.copy`` and ``copy.deepcopy``)."""
+        new = object.__new__(SamplerChain)
+        new._chain = self._chain.clone()
+        return new
+
+    def __deepcopy__(self, memo) -> "SamplerChain":
+        return self.__copy__()
 
     def reset(self, prompt_ids: Sequence[int] = ()) -> None:
         """Start a sequence with these prompt ids (the penalties count them)."""
@@ -77,9 +130,10 @@ class SamplerChain:
         """Sample one row (``[vocab]`` float32, float16 or bfloat16) at ``position`` (the
         Philox counter): ``(token, logprob)``. A row that cannot be sampled raises
         :class:`nucleus.SamplingError`."""
-        return _call(self._chain.sample, _row(logits), int(position), int(sample_index))
+        return _call(self._chain.sample, _row(logits), _counter("position", position, 64),
+                     _counter("sample_index", sample_index, 32))
 
     @torch_io
     def distribution(self, logits: np.ndarray, *, position: int) -> np.ndarray:
         """The final distribution this row would be drawn from: float64 ``[vocab]``."""
-        return _call(self._chain.distribution, _row(logits), int(position))
+        return _call(self._chain.distribution, _row(logits), _counter("position", position, 64))

@@ -300,8 +300,9 @@ class GrammarCompiler:
                             f"{type(schema).__name__}")
         if max_whitespace is not None:
             max_whitespace = _integer("max_whitespace", max_whitespace)
-            if max_whitespace < 0:
-                raise ValueError(f"max_whitespace must be >= 0 or None, got {max_whitespace}")
+            if not 0 <= max_whitespace < 2**32:
+                raise ValueError(f"max_whitespace must be in [0, 2**32) or None, got "
+                                 f"{max_whitespace}")
         return self._compile("json_schema", text, max_whitespace)
 
     def compile_regex(self, pattern: str) -> CompiledGrammar:

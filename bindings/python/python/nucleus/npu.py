@@ -106,6 +106,8 @@ def _float32(name: str, value, ndims) -> np.ndarray:
 def _int(name: str, value) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not -2**63 <= int(value) < 2**63:
+        raise ValueError(f"{name} {int(value)} is outside the 64-bit integers")
     return int(value)
 
 

@@ -15,6 +15,8 @@ import math
 import re
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
+import numpy as np
+
 from . import SamplingError, _core
 
 __all__ = ["SamplingParams"]
@@ -28,6 +30,14 @@ _FLOATS = {
 _INTS = {
     "top_k", "min_tokens", "n", "dry_allowed_length", "dry_penalty_last_n",
     "no_repeat_ngram_size", "min_keep", "mirostat",
+}
+_OPTIONAL_INTS = {"seed", "logprobs"}
+# The integer fields' representable ranges (the Rust types: u64 / usize, u8 for mirostat, u32
+# ids); the ranges the sampler allows within them are checked by the crate's validate().
+_INT_RANGES = {
+    "seed": (0, 2**64 - 1), "min_tokens": (0, 2**64 - 1), "n": (0, 2**64 - 1),
+    "logprobs": (0, 2**64 - 1), "dry_allowed_length": (0, 2**64 - 1),
+    "no_repeat_ngram_size": (0, 2**64 - 1), "min_keep": (0, 2**64 - 1), "mirostat": (0, 255),
 }
 
 
@@ -107,10 +117,32 @@ class SamplingParams:
     def __post_init__(self):
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if f.name in _INTS and (isinstance(v, bool) or not isinstance(v, int)):
-                raise TypeError(f"SamplingParams.{f.name} must be an int, got {v!r}")
-            if f.name in _FLOATS and (isinstance(v, bool) or not isinstance(v, (int, float))):
-                raise TypeError(f"SamplingParams.{f.name} must be a number, got {v!r}")
+            if f.name in _INTS or (f.name in _OPTIONAL_INTS and v is not None):
+                if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+                    raise TypeError(f"SamplingParams.{f.name} must be an int, got {v!r}")
+                v = int(v)  # a NumPy integer is the same integer
+                lo, hi = _INT_RANGES.get(f.name, (-2**63, 2**63 - 1))
+                if not lo <= v <= hi:
+                    raise SamplingError("InvalidParams", f"{f.name} = {v} is outside "
+                                        f"[{lo}, {hi}]", None)
+            elif f.name in _FLOATS:
+                if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer,
+                                                                         np.floating)):
+                    raise TypeError(f"SamplingParams.{f.name} must be a number, got {v!r}")
+                v = float(v)
+            object.__setattr__(self, f.name, v)
+        # Own copies of the containers, so that the caller's later changes cannot bypass the
+        # checks below (and the object stays as validated).
+        try:
+            object.__setattr__(self, "logit_bias", dict(self.logit_bias))
+            for name in ("bad_words", "dry_sequence_breakers"):
+                object.__setattr__(self, name, tuple(tuple(s) for s in getattr(self, name)))
+            if self.allowed_token_ids is not None:
+                object.__setattr__(self, "allowed_token_ids", tuple(self.allowed_token_ids))
+            object.__setattr__(self, "sequence_bias",
+                               tuple((tuple(ids), b) for ids, b in self.sequence_bias))
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"SamplingParams: a sequence field has the wrong shape: {e}") from None
         bad = _core.validate_params(self._to_dict())
         if bad is not None:
             raise SamplingError("InvalidParams", bad[1], None)
@@ -164,7 +196,11 @@ class SamplingParams:
                     raise TypeError("params.logit_bias must be an object of token id -> bias")
                 v = {_token_key(key): _lenient(f"logit_bias.{key}", b) for key, b in v.items()}
             elif k == "sequence_bias":
-                v = [(list(ids), _lenient("sequence_bias", b)) for ids, b in v]
+                try:
+                    v = [(list(ids), _lenient("sequence_bias", b)) for ids, b in v]
+                except (TypeError, ValueError) as e:
+                    raise TypeError(f"params.sequence_bias must be [[ids, bias], ...]: {e}"
+                                    ) from None
             kwargs[k] = v
         return cls(**kwargs)
 

@@ -172,7 +172,12 @@ def _renorm(probs, top_k=0, top_p=1.0):
     batch, row_len = x32.shape
     args = _rows(batch, 1.0, top_k, top_p, 0.0, 1.0, 0.0, 0.0, None, 0)
     out, errors = _core.distribution_f32(x32, "probs", row_len, *args)
-    # A row with no candidate or a bad value is NaN (the function returns one array).
+    # A parameter out of range (top_k < -1, top_p outside (0, 1]) is the caller's argument
+    # error: raised. A row with no candidate or a bad probability is NaN (the function
+    # returns one array, as FlashInfer's).
+    for e in _errors(errors):
+        if e is not None and e.kind == "InvalidParams":
+            raise e
     return out.reshape(np.shape(probs)).astype(dtype)
 
 
@@ -181,7 +186,7 @@ def top_k_renorm_probs(probs, top_k):
     """FlashInfer's ``top_k_renorm_probs``: each row of ``probs`` ``[B, V]`` (float32, float16
     or bfloat16) kept to its ``top_k`` (int or ``[B]``) largest (exactly k, ties toward the
     lower id) and renormalised; same dtype. A row that cannot be renormalised (all zeros, a
-    NaN) comes back NaN."""
+    NaN) comes back NaN; a ``top_k`` below -1 raises :class:`nucleus.SamplingError`."""
     return _renorm(probs, top_k=top_k)
 
 
@@ -189,7 +194,7 @@ def top_k_renorm_probs(probs, top_k):
 def top_p_renorm_probs(probs, top_p, is_deterministic: bool = False):
     """FlashInfer's ``top_p_renorm_probs``: each row of ``probs`` ``[B, V]`` kept to its top-p
     set (``top_p`` float or ``[B]``) and renormalised; same dtype (NaN for a row that cannot
-    be)."""
+    be); a ``top_p`` outside (0, 1] raises :class:`nucleus.SamplingError`."""
     return _renorm(probs, top_p=top_p)
 
 
@@ -222,7 +227,8 @@ def top_k_mask_logits(logits, top_k):
 def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs,
                                maybe_output_accepted_token_num=None,
                                maybe_output_emitted_draft_token_num=None,
-                               deterministic: bool = True, generator=None, seed=None, offset=None):
+                               deterministic: bool = True, generator=None, seed=None, offset=None,
+                               *, return_status: bool = False):
     """FlashInfer's ``chain_speculative_sampling``: verify each row's ``S`` drafted tokens
     against the target's ``S + 1`` rows, exactly (Leviathan et al. 2023; Chen et al. 2023;
     nucleus_sampling::speculative).
@@ -238,14 +244,18 @@ def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs,
             ``(seed, position)``, so rows need seeds of their own. ``None``: each row draws a
             seed from the OS. ``generator``: read through ``initial_seed()`` (``B == 1`` only).
         deterministic: no effect (nucleus always is).
+        return_status: nucleus's addition (FlashInfer's tuple has no slot for it): also return
+            one ``None`` or :class:`nucleus.SamplingError` per row, saying why a row failed
+            (bad probabilities, a draft id outside the vocabulary, ``offset + S`` past
+            ``2**64 - 1``).
 
     Returns:
         ``(output_token_ids int32 [B, S + 1], accepted_num int32 [B], emitted_num int32 [B])``:
         the emitted tokens (the accepted drafts, then the residual or bonus token), -1 after
         them; per row the drafted tokens that pass their own acceptance test ``p/q >= u``
         (FlashInfer's acceptance-rate metric, counted as if each were considered alone), and
-        the drafted tokens emitted (not the bonus token). A row that fails (bad probabilities)
-        is all -1 with counts 0.
+        the drafted tokens emitted (not the bonus token). A row that fails is all -1 with
+        counts 0; ``return_status=True`` adds a fourth element, the per-row errors.
     """
     for name, a in (("draft_probs", draft_probs), ("target_probs", target_probs)):
         if not isinstance(a, np.ndarray) or a.dtype != np.float32 or not a.dtype.isnative:
@@ -256,6 +266,9 @@ def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs,
         if a is not None and not (isinstance(a, np.ndarray)
                                   and np.issubdtype(a.dtype, np.integer)):
             raise TypeError(f"{name} must be None or an integer numpy.ndarray")
+        if a is not None and a.shape != (np.shape(draft_probs)[0],):
+            raise ValueError(f"{name} must have shape ({np.shape(draft_probs)[0]},): one "
+                             f"count per row, got {a.shape}")
     d = np.ascontiguousarray(draft_probs)
     t = np.ascontiguousarray(target_probs)
     ids = np.asarray(draft_token_ids)
@@ -264,6 +277,8 @@ def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs,
                          "draft_token_ids [B, S]")
     if not np.issubdtype(ids.dtype, np.integer):
         raise TypeError(f"draft_token_ids must be integers, got {ids.dtype}")
+    if ids.dtype == np.uint64 and ids.size and ids.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"draft_token_ids holds {int(ids.max())}, outside the vocabulary")
     batch = d.shape[0]
     if seed is None and generator is not None:
         seed = int(generator.initial_seed())
@@ -280,7 +295,7 @@ def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs,
         seeds = _rows(batch, 1.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0, seeds, 0)[7]
     offsets = _rows(batch, 1.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0, None, 0 if offset is None else
                     np.asarray(offset).reshape(-1) if np.ndim(offset) else offset)[8]
-    out, accepted, emitted, _errs = _core.chain_speculative_verify(
+    out, accepted, emitted, errs = _core.chain_speculative_verify(
         d, np.ascontiguousarray(ids, dtype=np.int64), t, seeds, offsets)
     s = d.shape[1]
     if maybe_output_accepted_token_num is not None:
@@ -288,4 +303,6 @@ def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs,
     if maybe_output_emitted_draft_token_num is not None:
         maybe_output_emitted_draft_token_num += emitted.astype(
             maybe_output_emitted_draft_token_num.dtype)
+    if return_status:
+        return out.reshape(batch, s + 1), accepted, emitted, _errors(errs)
     return out.reshape(batch, s + 1), accepted, emitted
