@@ -177,3 +177,16 @@ def test_messages_name_the_real_problem():
     with pytest.raises(nucleus.GrammarError, match="overlap") as e:
         m.fill_next_token_bitmask(shared, 1)
     assert e.value.kind == "BitmaskShape"
+
+
+def test_finalize_routing_k_must_agree_with_the_scales():
+    n, k, h = 3, 2, 4
+    rows = RNG.normal(size=(n * k, h)).astype(np.float32)
+    idx = np.arange(n * k, dtype=np.int32)
+    scales = np.full((n, k), 0.5, np.float32)
+    a = npu.npu_moe_finalize_routing(rows, None, None, None, scales, idx, None)
+    b = npu.npu_moe_finalize_routing(rows, None, None, None, scales, idx, None, k=2)
+    np.testing.assert_array_equal(a, b)
+    for bad in (0, 5, -3):
+        with pytest.raises(ValueError, match="k = "):
+            npu.npu_moe_finalize_routing(rows, None, None, None, scales, idx, None, k=bad)

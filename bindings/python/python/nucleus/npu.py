@@ -483,7 +483,8 @@ def npu_moe_finalize_routing(expanded_permuted_rows, skip1, skip2, bias, scales,
     index of ``npu_moe_init_routing``), 2 / 3 ``[i*K + k]`` (row layout, the gather index of
     ``npu_moe_init_routing_v2``); 1 / 3 take ``expanded_permuted_rows [E, C, H]``. An index of
     -1 contributes nothing, bias included (the spec's rule; torch_npu's NumPy golden adds the
-    bias of a -1 route). ``scales`` ``None`` weighs every route 1 with K = ``k``.
+    bias of a -1 route). ``scales`` ``None`` weighs every route 1 with K = ``k``; with
+    ``scales`` K is their width, and a ``k`` other than 1 (the default) or K is a ValueError.
 
     Returns ``out [N, H]`` in the dtype of ``expanded_permuted_rows``.
     """
@@ -508,6 +509,9 @@ def npu_moe_finalize_routing(expanded_permuted_rows, skip1, skip2, bias, scales,
         s = _array("scales", scales, (dtype,), (2,))
         kk = s.shape[1]
         w = np.ascontiguousarray(s, dtype=np.float32).ravel()
+        k_arg = _int("k", k)
+        if k_arg not in (1, kk):  # 1 is the default: then K is the scales' width
+            raise ValueError(f"k = {k_arg} disagrees with scales [N, K] = {list(s.shape)}")
     else:
         kk = _int("k", k)
         w = None
