@@ -57,6 +57,24 @@ impl PySamplerChain {
         })
     }
 
+    /// The chain of one request's `nucleus.SamplingParams` (a dict of its fields, as
+    /// `src/params.rs` reads it): the crate's `SamplerChain::from_params`, whose results equal
+    /// `nucleus.sample` with those parameters.
+    ///
+    /// Errors: `ValueError` for a field out of range; as `params_from_dict` for the dict.
+    #[staticmethod]
+    fn from_params(params: &Bound<'_, pyo3::types::PyDict>) -> PyResult<Self> {
+        let p = crate::params::params_from_dict(params)?;
+        let chain = SamplerChain::from_params(&p).map_err(value_error)?;
+        Ok(Self {
+            state: Mutex::new(State {
+                chain,
+                prompt_ids: Vec::new(),
+                output_ids: Vec::new(),
+            }),
+        })
+    }
+
     /// An independent copy: the same processors with the same state (counts, history, `mu`).
     fn clone(&self) -> Self {
         Self {

@@ -57,3 +57,25 @@ def test_chain_errors():
         chain.accept(1.5)
     with pytest.raises(ValueError, match="one row"):
         chain.sample(np.zeros((2, 3), np.float32), position=0)
+
+
+def test_from_params_equals_sample_with_params_and_carries_state():
+    from nucleus import SamplingParams
+
+    p = SamplingParams(temperature=0.8, top_k=30, repetition_penalty=1.3, dry_multiplier=0.8,
+                       xtc_probability=0.5, xtc_threshold=0.05, seed=21)
+    chain = nucleus.SamplerChain.from_params(p)
+    chain.reset([3, 4])
+    out = []
+    for step in range(6):
+        logits = RNG.normal(0, 2, size=200).astype(np.float32)
+        tok, lp = chain.sample(logits, position=2 + step)
+        want = nucleus.sample(logits, params=p, prompt_ids=[[3, 4]], output_ids=[out],
+                              position=2 + step)
+        assert tok == want.token_ids[0] and lp == want.logprobs[0], step
+        chain.accept(tok)
+        out.append(tok)
+    with pytest.raises(ValueError, match="n must be 1"):
+        nucleus.SamplerChain.from_params(SamplingParams(n=2))
+    with pytest.raises(TypeError):
+        nucleus.SamplerChain.from_params({"top_k": 3})

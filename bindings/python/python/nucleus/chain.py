@@ -102,6 +102,25 @@ class SamplerChain:
         _check_selection(parsed)
         self._chain = _core.SamplerChain(text)
 
+    @classmethod
+    def from_params(cls, params) -> "SamplerChain":
+        """The chain of a :class:`nucleus.SamplingParams` (the crate's
+        ``SamplerChain::from_params``): its processors in the fixed order, then its selection,
+        with the request's seed. Its tokens equal :func:`nucleus.sample` with ``params=`` at the
+        same positions, prompt and output ids, and it carries what ``sample`` leaves to the
+        caller (penalty counts, DRY's history, mirostat's ``mu``) from step to step. As in
+        ``sample``, ``n > 1`` and ``logprobs`` are refused."""
+        from .params import SamplingParams
+
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a nucleus.SamplingParams, got {type(params).__name__}")
+        if params.n != 1 or params.logprobs is not None:
+            raise ValueError("SamplerChain.sample draws one token per call: n must be 1 and "
+                             "logprobs None (use sample_index and distribution)")
+        new = object.__new__(cls)
+        new._chain = _core.SamplerChain.from_params(params._to_dict())
+        return new
+
     def __copy__(self) -> "SamplerChain":
         """An independent copy with the same state (``copy.copy`` and ``copy.deepcopy``)."""
         new = object.__new__(SamplerChain)
