@@ -33,7 +33,12 @@ installed nucleus works under either runner. Registration:
   ``vllm.logits_processors`` (bindings/python/pyproject.toml): vLLM loads it in every engine
   of the environment (it declines requests that do not ask for it);
 - explicitly: ``LLM(model, logits_processors=[NucleusLogitsProcessor])`` or
-  ``vllm serve MODEL --logits-processors nucleus.vllm:NucleusLogitsProcessor``.
+  ``vllm serve MODEL --logits-processors nucleus.vllm:NucleusLogitsProcessor``. Prefer this:
+  the loader runs ``validate_params`` at admission only for processors named this way
+  (``build_custom_logits_processors_params_validator``), so with the entry point alone a bad
+  config is logged and the request declined rather than refused with a 400; and the legacy
+  runner repairs async scheduling's placeholder output ids (-1) only when processors are
+  named, so with the entry point alone the legacy class leaves such rows to vLLM, logged.
 
 ``import nucleus`` never imports vLLM; ``import nucleus.vllm`` without vLLM is an ImportError
 naming the pinned version (the classes subclass vLLM's, so they exist only with vLLM).
