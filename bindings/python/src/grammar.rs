@@ -77,6 +77,40 @@ fn token_env(
     TokenEnv::from_tokenizer(&tokenizer, eos_token_ids, vocab_size)
 }
 
+/// The most bytes a tokenizer.json may have (the largest real ones are tens of MB): a bigger
+/// file, or a device such as /dev/zero, is refused before it is read into memory.
+const MAX_TOKENIZER_BYTES: u64 = 256 << 20;
+
+/// The text of the tokenizer file at `path`, read with at most [`MAX_TOKENIZER_BYTES`].
+fn read_bounded(path: &std::path::Path) -> Result<String, GrammarError> {
+    use std::io::Read;
+    let cannot = |e: std::io::Error| {
+        GrammarError::Tokenizer(format!(
+            "cannot read the tokenizer file {}: {e}",
+            path.display()
+        ))
+    };
+    let file = std::fs::File::open(path).map_err(cannot)?;
+    let meta = file.metadata().map_err(cannot)?;
+    if !meta.is_file() || meta.len() > MAX_TOKENIZER_BYTES {
+        return Err(GrammarError::Tokenizer(format!(
+            "the tokenizer path {} is not a regular file of at most {MAX_TOKENIZER_BYTES} bytes",
+            path.display()
+        )));
+    }
+    let mut text = String::new();
+    file.take(MAX_TOKENIZER_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(cannot)?;
+    if text.len() as u64 > MAX_TOKENIZER_BYTES {
+        return Err(GrammarError::Tokenizer(format!(
+            "the tokenizer file {} is larger than {MAX_TOKENIZER_BYTES} bytes",
+            path.display()
+        )));
+    }
+    Ok(text)
+}
+
 /// One tokenizer's grammar compiler with its cache (nucleus_grammar::GrammarCompiler).
 #[pyclass(name = "GrammarCompiler", module = "nucleus._core", frozen)]
 pub(crate) struct PyGrammarCompiler {
@@ -97,12 +131,7 @@ impl PyGrammarCompiler {
         cache_size: usize,
     ) -> PyResult<Self> {
         py.detach(|| {
-            let json = std::fs::read_to_string(&path).map_err(|e| {
-                GrammarError::Tokenizer(format!(
-                    "cannot read the tokenizer file {}: {e}",
-                    path.display()
-                ))
-            })?;
+            let json = read_bounded(&path)?;
             let env = token_env(&json, &eos_token_ids, vocab_size)?;
             GrammarCompiler::with_capacity(env, cache_size)
         })

@@ -190,3 +190,10 @@ def test_finalize_routing_k_must_agree_with_the_scales():
     for bad in (0, 5, -3):
         with pytest.raises(ValueError, match="k = "):
             npu.npu_moe_finalize_routing(rows, None, None, None, scales, idx, None, k=bad)
+
+
+def test_a_tokenizer_path_that_is_not_a_file_is_refused_before_reading():
+    for path in ("/dev/zero", str(TOKENIZER.parent)):
+        with pytest.raises(nucleus.GrammarError, match="regular file") as e:
+            nucleus.GrammarCompiler(path, eos_token_ids=[2])
+        assert e.value.kind == "Tokenizer"
