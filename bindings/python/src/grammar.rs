@@ -210,7 +210,10 @@ impl PyGrammarCompiler {
                 )))
             }
         };
-        let options = GrammarOptions { max_whitespace };
+        let options = GrammarOptions {
+            max_whitespace,
+            ..GrammarOptions::default()
+        };
         let compiler = &self.compiler;
         let grammar = py
             .detach(|| compiler.compile(&spec, &options))

@@ -259,6 +259,7 @@ impl Grammar {
         };
         let options = GrammarOptions {
             max_whitespace: [Some(8), Some(0), None][usize::from(options % 3)],
+            ..GrammarOptions::default()
         };
         let compiled = match self.compiler.compile(&spec, &options) {
             Ok(compiled) => compiled,

@@ -827,6 +827,7 @@ pub fn run(args: GenerateArgs) -> Result<ExitCode> {
     )?;
     let grammar_options = GrammarOptions {
         max_whitespace: max_whitespace.0,
+        ..GrammarOptions::default()
     };
     let generation_config = GenerationConfigSource::parse(&args.generation_config)?;
     let chat = crate::chat::ChatInput::from_args(&args)?;

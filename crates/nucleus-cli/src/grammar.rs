@@ -154,6 +154,7 @@ pub fn validate(args: &ValidateArgs) -> Result<Validation> {
     let compiler = GrammarCompiler::new(env)?;
     let options = GrammarOptions {
         max_whitespace: max_whitespace.0,
+        ..GrammarOptions::default()
     };
     Ok(validate_text(&compiler, &spec, &options, &text)?)
 }

@@ -13,6 +13,8 @@ use crate::depth::{
 };
 use crate::error::{GrammarError, Result};
 use crate::matcher::{on_stack, GrammarMatcher};
+use crate::relax;
+use crate::schema_validator::{SchemaValidator, SchemaValidatorError, SchemaVerdict};
 use crate::tokenizer::TokenEnv;
 
 /// The kind of a grammar: how its text is read.
@@ -86,14 +88,66 @@ pub struct GrammarOptions {
     /// `whitespace_flexible` in its own top-level `x-guidance` object keeps its setting.
     /// Ignored for regular expressions and Lark grammars, whose text says where whitespace goes.
     pub max_whitespace: Option<usize>,
+    /// JSON Schema only: what to do with a schema llguidance cannot compile exactly. Default
+    /// [`JsonSchemaMode::Strict`]. Ignored for regular expressions and Lark grammars.
+    pub json_schema_mode: JsonSchemaMode,
 }
 
 impl Default for GrammarOptions {
     fn default() -> Self {
         GrammarOptions {
             max_whitespace: Some(DEFAULT_MAX_WHITESPACE),
+            json_schema_mode: JsonSchemaMode::Strict,
         }
     }
+}
+
+/// How a JSON Schema that llguidance cannot compile exactly is handled
+/// ([`GrammarOptions::json_schema_mode`]).
+///
+/// Either way the schema is first compiled exactly (llguidance 1.9 with its lenient options
+/// off), and a schema that compiles so is used as it is: [`CompiledGrammar::relaxed`] is
+/// empty. In both modes [`CompiledGrammar::validate_json`] checks a finished text against the
+/// original schema exactly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum JsonSchemaMode {
+    /// Refuse the schema ([`GrammarError::Compile`] with llguidance's message, e.g.
+    /// `Unimplemented keys: ["not"]`, `oneOf constraints are not supported`): the mask then
+    /// never lets through a text the schema rejects (llguidance's property-order rule aside,
+    /// which is a narrowing).
+    #[default]
+    Strict,
+    /// Compile the narrowest schema llguidance supports that contains the original, so that
+    /// the mask accepts every text the schema accepts, and maybe some it rejects (validate the
+    /// result with [`CompiledGrammar::validate_json`]). Relaxations, each only widening:
+    ///
+    /// - llguidance's `lenient` option (its `x-guidance` JSON option, set unless the schema's
+    ///   top-level `x-guidance` sets `lenient` itself): keywords it does not implement are
+    ///   ignored (`not`, `uniqueItems`, `dependencies`, `dependentRequired`,
+    ///   `dependentSchemas`, `propertyNames`, `contains`, `unevaluatedProperties`, ...), an
+    ///   unknown `format` is a plain string (known ones, `date-time`, `date`, `time`, `email`,
+    ///   `uuid`, `ipv4`, `ipv6`, `uri`, ..., stay enforced), `oneOf` is compiled as `anyOf`,
+    ///   each with one of llguidance's warnings ([`CompiledGrammar::warnings`]);
+    /// - `minProperties` / `maxProperties` where llguidance cannot count properties (beside
+    ///   optional `properties`): dropped from those schema objects (then from all, if needed).
+    ///   Not left to lenient mode, whose fallback there narrows (it refuses `{"a": 1}` under
+    ///   `"minProperties": 1` with `a` optional);
+    /// - `if`/`then`/`else` with both branches (drafts 7 and later) as the union
+    ///   `anyOf: [then, else]`; with one branch missing the union is everything, and lenient
+    ///   mode drops the conditional (also the fallback when the union does not compile);
+    /// - overlapping `patternProperties` (llguidance needs them disjoint): merged into one
+    ///   pattern `(?:p1)|(?:p2)` whose schema is `anyOf` of theirs; if that still overlaps
+    ///   (across an `allOf`), `patternProperties` and `additionalProperties` are dropped where
+    ///   patterns are;
+    /// - a circular `$ref` with sibling keywords: the assertion keywords beside the `$ref`s
+    ///   naming the reported target are dropped (then beside every `$ref`, if needed); where
+    ///   llguidance still intersects the target while defining it (a named property with the
+    ///   `patternProperties` schema its name matches, an `allOf`), `patternProperties` are
+    ///   dropped as above, and last the `$ref`s to that target themselves.
+    ///
+    /// [`CompiledGrammar::relaxed`] names the families relaxed. A schema that no relaxation
+    /// makes compilable is refused as in strict mode, with the last attempt's message.
+    Relaxed,
 }
 
 /// A compiled grammar: a matcher template in its start state. Shared (`Arc`) by the cache and
@@ -104,6 +158,11 @@ pub struct CompiledGrammar {
     template: Mutex<Matcher>,
     env: TokenEnv,
     warnings: Vec<String>,
+    relaxed: Vec<String>,
+    /// The JSON Schema text as given (JSON Schema grammars only).
+    schema: Option<String>,
+    /// Built on first use by [`CompiledGrammar::validate_json`].
+    validator: OnceLock<Result<SchemaValidator, SchemaValidatorError>>,
 }
 
 impl std::fmt::Debug for CompiledGrammar {
@@ -111,6 +170,7 @@ impl std::fmt::Debug for CompiledGrammar {
         f.debug_struct("CompiledGrammar")
             .field("kind", &self.kind)
             .field("warnings", &self.warnings)
+            .field("relaxed", &self.relaxed)
             .finish_non_exhaustive()
     }
 }
@@ -135,6 +195,44 @@ impl CompiledGrammar {
     /// `format` values it does not know).
     pub fn warnings(&self) -> &[String] {
         &self.warnings
+    }
+
+    /// The JSON Schema keyword families relaxed to compile this grammar
+    /// ([`JsonSchemaMode::Relaxed`]), sorted and without duplicates: keyword names (`not`,
+    /// `oneOf`, `uniqueItems`, `dependencies`, `propertyNames`, `patternProperties`, `$ref`
+    /// for a circular reference's siblings, ...), `if/then/else`, `min/maxProperties`, and
+    /// `format:<name>` for each unknown format. Empty when the schema compiled exactly (always
+    /// so in strict mode and for regular expressions and Lark grammars).
+    pub fn relaxed(&self) -> &[String] {
+        &self.relaxed
+    }
+
+    /// The JSON Schema text as it was given to [`GrammarCompiler::compile`] (before any
+    /// relaxation or `x-guidance` option was applied); `None` for regular expressions and
+    /// Lark grammars.
+    pub fn original_schema(&self) -> Option<&str> {
+        self.schema.as_deref()
+    }
+
+    /// Validates a finished JSON text exactly against the original schema
+    /// ([`original_schema`](Self::original_schema)) with the `jsonschema` crate: see
+    /// [`SchemaValidator::validate`] for the verdict and its semantics. The validator is built
+    /// on the first call and kept (a build error too). `None` for regular expressions and
+    /// Lark grammars.
+    ///
+    /// Errors: the validator cannot be built for the schema (e.g. a `$ref` to another
+    /// document, a `$schema` naming no known draft), or the text nests deeper than
+    /// [`MAX_GRAMMAR_DEPTH`]; see [`SchemaValidatorError`].
+    pub fn validate_json(
+        &self,
+        text: &str,
+    ) -> Option<std::result::Result<SchemaVerdict, SchemaValidatorError>> {
+        let schema = self.schema.as_deref()?;
+        let validator = self.validator.get_or_init(|| SchemaValidator::new(schema));
+        Some(match validator {
+            Ok(v) => v.validate(text),
+            Err(e) => Err(e.clone()),
+        })
     }
 }
 
@@ -363,15 +461,14 @@ impl GrammarCompiler {
                 // Within the bound just checked, so the parser's own limit (128) is not needed.
                 let mut de = serde_json::Deserializer::from_str(text);
                 de.disable_recursion_limit();
-                let mut schema = serde::Deserialize::deserialize(&mut de)
+                let schema = serde::Deserialize::deserialize(&mut de)
                     .and_then(|v: Value| de.end().map(|()| v))
                     .map_err(|e| GrammarError::InvalidSchemaJson(e.to_string()))?;
                 let depth = schema_depth(&schema);
                 if depth > MAX_GRAMMAR_DEPTH as u64 {
                     return Err(too_deep(depth, "levels of nested subschemas and `$ref`s"));
                 }
-                apply_json_options(&mut schema, options);
-                TopLevelGrammar::from_json_schema(schema)
+                return self.compile_json(text, schema, options);
             }
             GrammarSpec::Regex(rx) => TopLevelGrammar::from_regex(rx),
             GrammarSpec::Lark(text) => {
@@ -382,15 +479,138 @@ impl GrammarCompiler {
                 TopLevelGrammar::from_lark(text.clone())
             }
         };
+        let template = self.build(kind, grammar).map_err(Built::into_error)?;
+        Ok(self.finish(kind, template, Vec::new(), None))
+    }
+
+    /// A [`CompiledGrammar`] around `template`.
+    fn finish(
+        &self,
+        kind: GrammarKind,
+        mut template: Matcher,
+        relaxed: Vec<String>,
+        schema: Option<String>,
+    ) -> CompiledGrammar {
+        let warnings = template.grammar_warnings();
+        CompiledGrammar {
+            kind,
+            template: Mutex::new(template),
+            env: self.env.clone(),
+            warnings,
+            relaxed,
+            schema,
+            validator: OnceLock::new(),
+        }
+    }
+
+    /// Compiles the JSON Schema `schema` (parsed from `text`, its depth checked): exactly
+    /// first, then, in [`JsonSchemaMode::Relaxed`] and only if llguidance refused the schema
+    /// itself (not its first steps), relaxed as [`JsonSchemaMode::Relaxed`] documents: each
+    /// attempt compiles the original schema with lenient mode and the rewrites that the
+    /// previous attempts' errors called for, at most [`MAX_RELAXED_ATTEMPTS`] attempts.
+    fn compile_json(
+        &self,
+        text: &str,
+        schema: Value,
+        options: &GrammarOptions,
+    ) -> Result<CompiledGrammar> {
+        let kind = GrammarKind::JsonSchema;
+        let mut exact = schema.clone();
+        apply_json_options(&mut exact, options);
+        let mut last = match self.build(kind, TopLevelGrammar::from_json_schema(exact)) {
+            Ok(template) => return Ok(self.finish(kind, template, Vec::new(), Some(text.into()))),
+            Err(Built::Compile(e)) if options.json_schema_mode == JsonSchemaMode::Relaxed => e,
+            Err(e) => return Err(e.into_error()),
+        };
+        // What the attempts rewrite: if/then/else as a union (only if the schema has such a
+        // conditional); patternProperties 0 untouched, 1 merged, 2 dropped; the $ref targets
+        // whose siblings are dropped (None: every $ref).
+        let mut plan = Plan {
+            union: relax::conditionals_as_union(&mut schema.clone()),
+            patterns: 0,
+            ref_targets: Vec::new(),
+            cut_refs: Vec::new(),
+            min_max: 0,
+        };
+        for _ in 0..MAX_RELAXED_ATTEMPTS {
+            let mut attempt = plan.apply(&schema);
+            if schema_depth(&attempt) > MAX_GRAMMAR_DEPTH as u64 {
+                // Only the union and the merge nest deeper; their fallbacks do not.
+                if plan.union {
+                    plan.union = false;
+                } else {
+                    plan.patterns = 2;
+                }
+                continue;
+            }
+            set_lenient(&mut attempt);
+            apply_json_options(&mut attempt, options);
+            let error = match self.build(kind, TopLevelGrammar::from_json_schema(attempt)) {
+                Ok(mut template) => {
+                    let warnings = template.grammar_warnings();
+                    if plan.min_max < 2
+                        && warnings
+                            .iter()
+                            .any(|w| w.starts_with(relax::MIN_MAX_WARNING))
+                    {
+                        // llguidance's lenient fallback here narrows (it rejects `{"a": 1}`
+                        // under minProperties 1 with optional properties): drop the keywords
+                        // ourselves instead.
+                        plan.min_max += 1;
+                        continue;
+                    }
+                    let mut families = plan.families();
+                    relax::families_from_warnings(&warnings, &mut families);
+                    let relaxed = families.into_iter().collect();
+                    return Ok(self.finish(kind, template, relaxed, Some(text.into())));
+                }
+                Err(e) => e,
+            };
+            let (Built::Compile(error) | Built::FirstStep(error)) = error;
+            let message = match &error {
+                GrammarError::Compile { message, .. } => message.clone(),
+                other => other.to_string(),
+            };
+            last = error;
+            const CIRCULAR: &str = "circular references with sibling keys are not supported: ";
+            if message.contains("patternProperty regexes") && plan.patterns < 2 {
+                plan.patterns += 1;
+            } else if let Some(i) = message.find(CIRCULAR) {
+                let uri = message[i + CIRCULAR.len()..].trim().to_string();
+                // Siblings beside the $refs to the target, then beside every $ref; then the
+                // intersections llguidance makes of a named property with the
+                // patternProperties its name matches (patternProperties dropped); then the
+                // $refs to the target themselves.
+                match plan.ref_targets.last() {
+                    None => plan.ref_targets.push(Some(uri)),
+                    Some(Some(_)) => plan.ref_targets.push(None),
+                    Some(None) if plan.patterns < 2 => plan.patterns = 2,
+                    Some(None) if !plan.cut_refs.contains(&uri) => plan.cut_refs.push(uri),
+                    Some(None) => break,
+                }
+            } else if plan.union {
+                // The union did not compile (or matched nothing): let lenient mode drop it.
+                plan.union = false;
+            } else {
+                break;
+            }
+        }
+        Err(last)
+    }
+
+    /// Compiles `grammar` with llguidance and runs its first steps on a copy.
+    fn build(&self, kind: GrammarKind, grammar: TopLevelGrammar) -> Result<Matcher, Built> {
         let compiled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             Matcher::new(self.factory.create_parser(grammar))
         }));
-        let mut template = compiled.map_err(|_| GrammarError::Compile {
-            kind,
-            message: "llguidance panicked while compiling".to_string(),
+        let template = compiled.map_err(|_| {
+            Built::Compile(GrammarError::Compile {
+                kind,
+                message: "llguidance panicked while compiling".to_string(),
+            })
         })?;
         if let Some(message) = template.get_error() {
-            return Err(GrammarError::compile(kind, &message));
+            return Err(Built::Compile(GrammarError::compile(kind, &message)));
         }
         // The first step, on a copy: errors that llguidance only finds when it computes a mask
         // or takes a token (a grammar that matches nothing, a lexer whose states explode, as
@@ -415,14 +635,104 @@ impl GrammarCompiler {
         if let Some(w) = watchdog {
             let _ = w.join();
         }
-        outcome?;
-        let warnings = template.grammar_warnings();
-        Ok(CompiledGrammar {
-            kind,
-            template: Mutex::new(template),
-            env: self.env.clone(),
-            warnings,
-        })
+        outcome.map_err(Built::FirstStep)?;
+        Ok(template)
+    }
+}
+
+/// The most compile attempts of a relaxed JSON Schema after the exact one (each rewrite step
+/// takes one: the union's fallback, two for patternProperties, two for `$ref` siblings, one
+/// per `$ref` target cut, two for min/maxProperties).
+const MAX_RELAXED_ATTEMPTS: usize = 14;
+
+/// Why [`GrammarCompiler::build`] failed: llguidance refused the grammar, or its first steps
+/// failed (a grammar that matches nothing, a lexer limit, no settling in time), which no
+/// relaxation is tried for.
+enum Built {
+    Compile(GrammarError),
+    FirstStep(GrammarError),
+}
+
+impl Built {
+    fn into_error(self) -> GrammarError {
+        match self {
+            Built::Compile(e) | Built::FirstStep(e) => e,
+        }
+    }
+}
+
+/// The rewrites of a relaxed compile attempt (see [`GrammarCompiler::compile_json`]).
+struct Plan {
+    union: bool,
+    patterns: u8,
+    ref_targets: Vec<Option<String>>,
+    cut_refs: Vec<String>,
+    /// `minProperties` / `maxProperties`: 0 untouched, 1 dropped beside optional properties,
+    /// 2 dropped everywhere.
+    min_max: u8,
+}
+
+impl Plan {
+    /// The original `schema` with this plan's rewrites.
+    fn apply(&self, schema: &Value) -> Value {
+        let mut schema = schema.clone();
+        if self.union {
+            relax::conditionals_as_union(&mut schema);
+        }
+        match self.patterns {
+            0 => {}
+            1 => {
+                relax::merge_pattern_properties(&mut schema);
+            }
+            _ => {
+                relax::drop_pattern_properties(&mut schema);
+            }
+        }
+        for target in &self.ref_targets {
+            relax::drop_ref_siblings(&mut schema, target.as_deref());
+        }
+        for target in &self.cut_refs {
+            relax::drop_refs(&mut schema, target);
+        }
+        if self.min_max > 0 {
+            relax::drop_property_counts(&mut schema, self.min_max > 1);
+        }
+        schema
+    }
+
+    /// The families this plan's rewrites relax.
+    fn families(&self) -> std::collections::BTreeSet<String> {
+        let mut families = std::collections::BTreeSet::new();
+        if self.union {
+            families.insert("if/then/else".to_string());
+        }
+        if self.patterns > 0 {
+            families.insert("patternProperties".to_string());
+        }
+        if self.min_max > 0 {
+            families.insert("min/maxProperties".to_string());
+        }
+        if !self.ref_targets.is_empty() || !self.cut_refs.is_empty() {
+            families.insert("$ref".to_string());
+        }
+        families
+    }
+}
+
+/// Sets llguidance's `lenient` JSON option in the schema's top-level `x-guidance` object,
+/// unless the schema sets it there itself.
+fn set_lenient(schema: &mut Value) {
+    if *schema == Value::Bool(true) {
+        *schema = Value::Object(Default::default());
+    }
+    let Some(object) = schema.as_object_mut() else {
+        return;
+    };
+    let guidance = object
+        .entry("x-guidance")
+        .or_insert_with(|| Value::Object(Default::default()));
+    if let Some(guidance) = guidance.as_object_mut() {
+        guidance.entry("lenient").or_insert(Value::Bool(true));
     }
 }
 

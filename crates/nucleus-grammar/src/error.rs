@@ -190,7 +190,7 @@ impl GrammarError {
 /// first line gives the position), a panic's `<backtrace>` dropped and its assertion said in
 /// words, control characters escaped (`\u{1b}`), cut at [`MAX_MESSAGE_LINE`] characters as
 /// written (an escape counts for its length).
-fn one_line(message: &str) -> String {
+pub(crate) fn one_line(message: &str) -> String {
     let message = message.split("<backtrace>").next().unwrap_or("").trim();
     let mut lines = message.lines();
     let mut line = lines.next().unwrap_or("").trim().to_string();

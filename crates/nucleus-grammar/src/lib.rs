@@ -20,6 +20,24 @@
 //!   [`is_ended`](GrammarMatcher::is_ended). [`fill_bitmasks`] fills a batch in parallel.
 //! - [`validate_text`]: does a whole text match (`nucleus grammar validate`)?
 //!
+//! - [`SchemaValidator`], [`validate_json_instance`], [`CompiledGrammar::validate_json`]: the
+//!   exact verdict of the `jsonschema` crate on a finished JSON text ([`SchemaVerdict`]).
+//!
+//! # Strict and relaxed JSON Schemas
+//!
+//! [`GrammarOptions::json_schema_mode`] says what happens to a JSON Schema llguidance cannot
+//! compile exactly (about one real-world schema in eight uses `not`, a non-disjoint `oneOf`,
+//! an unknown `format`, `dependencies`, ...). [`JsonSchemaMode::Strict`] (the default) refuses
+//! it. [`JsonSchemaMode::Relaxed`] compiles the narrowest schema llguidance supports that
+//! contains the original (llguidance's `lenient` option plus this crate's rewrites, each only
+//! widening; the list is on [`JsonSchemaMode::Relaxed`]) and names the keyword families
+//! relaxed in [`CompiledGrammar::relaxed`]; a schema that compiles exactly is never relaxed.
+//! A relaxed mask may let through a text the schema rejects, so check every finished text
+//! with [`CompiledGrammar::validate_json`]: the `jsonschema` crate (drafts 4 to 2020-12, the
+//! draft from `$schema`, formats asserted, nothing fetched) against the original schema
+//! ([`CompiledGrammar::original_schema`]), giving `Valid` or the JSON pointer and message of
+//! the first error.
+//!
 //! Semantics follow seed 001 §05-07 of the project: a token is allowed when appending its bytes
 //! keeps the output a prefix of some string of the grammar (a token may span several grammar
 //! symbols); EOS is allowed only when the output so far is complete; compiled grammars are
@@ -64,15 +82,20 @@ mod compiler;
 mod depth;
 mod error;
 mod matcher;
+mod relax;
+mod schema_validator;
 mod tokenizer;
 mod validate;
 
 pub use compiler::{
-    CompiledGrammar, GrammarCompiler, GrammarKind, GrammarOptions, GrammarSpec,
+    CompiledGrammar, GrammarCompiler, GrammarKind, GrammarOptions, GrammarSpec, JsonSchemaMode,
     DEFAULT_MAX_WHITESPACE, FIRST_STEP_LIMIT,
 };
 pub use depth::{json_text_depth, lark_depth, schema_depth, MAX_GRAMMAR_DEPTH};
 pub use error::{GrammarError, Result, MAX_MESSAGE_LINE};
 pub use matcher::{fill_bitmasks, GrammarMatcher};
+pub use schema_validator::{
+    validate_json_instance, SchemaValidator, SchemaValidatorError, SchemaVerdict,
+};
 pub use tokenizer::{TokenEnv, MAX_TOKEN_BYTES, MAX_VOCAB_SIZE, SPECIAL_TOKEN_MARKER};
 pub use validate::{validate_text, Validation};

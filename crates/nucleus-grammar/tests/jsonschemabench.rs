@@ -10,8 +10,6 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-
 use common::*;
 use nucleus_grammar::{validate_text, GrammarOptions, GrammarSpec};
 use serde_json::Value;
@@ -60,35 +58,6 @@ const COMPILE_EXCEPTIONS: &[(&str, &str)] = &[
 
 /// Instances whose verdict is not the expected one: (file, test index, reason).
 const INSTANCE_EXCEPTIONS: &[(&str, usize, &str)] = &[];
-
-fn sample_files() -> Vec<PathBuf> {
-    let root = shared("data/jsonschema-sample");
-    let mut files = Vec::new();
-    for dir in std::fs::read_dir(&root).unwrap_or_else(|e| panic!("{}: {e}", root.display())) {
-        let dir = dir.unwrap().path();
-        if dir.is_dir() {
-            for f in std::fs::read_dir(&dir).unwrap() {
-                let f = f.unwrap().path();
-                if f.extension().is_some_and(|e| e == "json") {
-                    files.push(f);
-                }
-            }
-        }
-    }
-    files.sort();
-    files
-}
-
-/// `Subset/name.json`, the name the exception lists use.
-fn short_name(path: &Path) -> String {
-    let dir = path
-        .parent()
-        .unwrap()
-        .file_name()
-        .unwrap()
-        .to_string_lossy();
-    format!("{dir}/{}", path.file_name().unwrap().to_string_lossy())
-}
 
 #[test]
 fn spaced_json_writes_one_space_after_colons_and_commas_outside_strings() {

@@ -232,6 +232,7 @@ fn json_whitespace_is_bounded_at_8_in_validation() {
                     text,
                     &GrammarOptions {
                         max_whitespace: None,
+                        ..GrammarOptions::default()
                     },
                 );
                 assert!(verdict.is_accepted(), "{text:?} unbounded: {verdict}");
@@ -244,11 +245,13 @@ fn json_whitespace_is_bounded_at_8_in_validation() {
     // Other bounds.
     let three = GrammarOptions {
         max_whitespace: Some(3),
+        ..GrammarOptions::default()
     };
     assert!(v("{\"a\":   1}", &three).is_accepted());
     assert!(!v("{\"a\":    1}", &three).is_accepted());
     let zero = GrammarOptions {
         max_whitespace: Some(0),
+        ..GrammarOptions::default()
     };
     assert!(v("{\"a\":1,\"b\":[]}", &zero).is_accepted());
     assert!(!v("{\"a\": 1}", &zero).is_accepted());
@@ -280,6 +283,7 @@ fn json_whitespace_is_bounded_at_8_in_the_mask() {
         (
             GrammarOptions {
                 max_whitespace: Some(3),
+                ..GrammarOptions::default()
             },
             3,
         ),
@@ -388,6 +392,7 @@ fn the_grammar_cache_compiles_once() {
             &schema,
             &GrammarOptions {
                 max_whitespace: None,
+                ..GrammarOptions::default()
             },
         )
         .unwrap();
@@ -400,6 +405,7 @@ fn the_grammar_cache_compiles_once() {
             &rx,
             &GrammarOptions {
                 max_whitespace: Some(2),
+                ..GrammarOptions::default()
             },
         )
         .unwrap();

@@ -2,7 +2,7 @@
 
 #![allow(dead_code)] // each test binary uses its own subset
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use nucleus_grammar::{GrammarCompiler, TokenEnv};
 use tokenizers::Tokenizer;
@@ -83,4 +83,35 @@ pub fn spaced_json(value: &serde_json::Value) -> String {
         }
     }
     out
+}
+
+/// The JSONSchemaBench sample's files (`data/jsonschema-sample/<Subset>/<name>.json`, 61 of
+/// them), sorted.
+pub fn sample_files() -> Vec<PathBuf> {
+    let root = shared("data/jsonschema-sample");
+    let mut files = Vec::new();
+    for dir in std::fs::read_dir(&root).unwrap_or_else(|e| panic!("{}: {e}", root.display())) {
+        let dir = dir.unwrap().path();
+        if dir.is_dir() {
+            for f in std::fs::read_dir(&dir).unwrap() {
+                let f = f.unwrap().path();
+                if f.extension().is_some_and(|e| e == "json") {
+                    files.push(f);
+                }
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+/// `Subset/name.json`, a sample file's name in the tests' lists.
+pub fn short_name(path: &Path) -> String {
+    let dir = path
+        .parent()
+        .unwrap()
+        .file_name()
+        .unwrap()
+        .to_string_lossy();
+    format!("{dir}/{}", path.file_name().unwrap().to_string_lossy())
 }
