@@ -24,6 +24,17 @@ struct State {
 }
 
 impl PySamplerChain {
+    /// A chain with no sequence yet (no prompt, no output ids).
+    fn fresh(chain: SamplerChain) -> Self {
+        Self {
+            state: Mutex::new(State {
+                chain,
+                prompt_ids: Vec::new(),
+                output_ids: Vec::new(),
+            }),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state
             .lock()
@@ -48,13 +59,7 @@ impl PySamplerChain {
         let config: Vec<ProcessorConfig> = serde_json::from_str(config_json)
             .map_err(|e| PyValueError::new_err(format!("the chain's JSON: {e}")))?;
         let chain = SamplerChain::from_config(&config).map_err(value_error)?;
-        Ok(Self {
-            state: Mutex::new(State {
-                chain,
-                prompt_ids: Vec::new(),
-                output_ids: Vec::new(),
-            }),
-        })
+        Ok(Self::fresh(chain))
     }
 
     /// The chain of one request's `nucleus.SamplingParams` (a dict of its fields, as
@@ -66,13 +71,7 @@ impl PySamplerChain {
     fn from_params(params: &Bound<'_, pyo3::types::PyDict>) -> PyResult<Self> {
         let p = crate::params::params_from_dict(params)?;
         let chain = SamplerChain::from_params(&p).map_err(value_error)?;
-        Ok(Self {
-            state: Mutex::new(State {
-                chain,
-                prompt_ids: Vec::new(),
-                output_ids: Vec::new(),
-            }),
-        })
+        Ok(Self::fresh(chain))
     }
 
     /// An independent copy: the same processors with the same state (counts, history, `mu`).

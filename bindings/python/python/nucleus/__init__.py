@@ -291,6 +291,22 @@ def _extras(batch, params, stop_token_ids, mirostat_mu, token_bitmask, keywords)
     return out
 
 
+def _call_args(batch, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
+               frequency_penalty, seed, position, sample_index, prompt_ids, output_ids,
+               token_bitmask, params, stop_token_ids, mirostat_mu):
+    """The positional and keyword arguments of ``_core.sample`` / ``_core.distribution_f32``
+    after the logits and vocabulary size: :func:`sample`'s and :func:`distribution`'s
+    keywords, checked."""
+    args = _rows(batch, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
+                 frequency_penalty, seed, position, sample_index, prompt_ids, output_ids)
+    extra = _extras(batch, params, stop_token_ids, mirostat_mu, token_bitmask,
+                    dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                         repetition_penalty=repetition_penalty,
+                         presence_penalty=presence_penalty,
+                         frequency_penalty=frequency_penalty, seed=seed))
+    return args, extra
+
+
 def _errors(raw) -> List[Optional[SamplingError]]:
     return [None if e is None else SamplingError(e[0], e[1], i) for i, e in enumerate(raw)]
 
@@ -352,13 +368,10 @@ def sample(logits: np.ndarray, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0
     x = _logits_2d(logits)
     batch, row_len = x.shape
     vocab = _vocab(vocab_size, row_len)
-    args = _rows(batch, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
-                 frequency_penalty, seed, position, sample_index, prompt_ids, output_ids)
-    extra = _extras(batch, params, stop_token_ids, mirostat_mu, token_bitmask,
-                    dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                         repetition_penalty=repetition_penalty,
-                         presence_penalty=presence_penalty,
-                         frequency_penalty=frequency_penalty, seed=seed))
+    args, extra = _call_args(batch, temperature, top_k, top_p, min_p, repetition_penalty,
+                             presence_penalty, frequency_penalty, seed, position, sample_index,
+                             prompt_ids, output_ids, token_bitmask, params, stop_token_ids,
+                             mirostat_mu)
     out = _core.sample(x, x.dtype.name, "logits", vocab, *args, **extra)
     tokens, logprobs, errors, seeds, candidates, mu = out
     return SampleResult(tokens, logprobs, _errors(errors), seeds, candidates, mu)
@@ -382,13 +395,10 @@ def distribution(logits: np.ndarray, *, temperature=1.0, top_k=0, top_p=1.0, min
         x = x.astype(np.float32)
     batch, row_len = x.shape
     vocab = _vocab(vocab_size, row_len)
-    args = _rows(batch, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
-                 frequency_penalty, seed, position, sample_index, prompt_ids, output_ids)
-    extra = _extras(batch, params, stop_token_ids, mirostat_mu, token_bitmask,
-                    dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                         repetition_penalty=repetition_penalty,
-                         presence_penalty=presence_penalty,
-                         frequency_penalty=frequency_penalty, seed=seed))
+    args, extra = _call_args(batch, temperature, top_k, top_p, min_p, repetition_penalty,
+                             presence_penalty, frequency_penalty, seed, position, sample_index,
+                             prompt_ids, output_ids, token_bitmask, params, stop_token_ids,
+                             mirostat_mu)
     probs, errors = _core.distribution_f32(x, "logits", vocab, *args, **extra)
     return probs.reshape(batch, row_len), _errors(errors)
 
