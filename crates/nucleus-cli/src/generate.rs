@@ -11,6 +11,12 @@
 //! headed `--- request R sample S ---`), or `--format json`: one JSON object per completion
 //! ([`Completion`]). Several completions print in request / sample order, each as soon as all
 //! before it are printed.
+//!
+//! Under `--json-schema` every completion is validated exactly against the schema as given
+//! ([`SchemaCheck`]; README "Strict and relaxed JSON Schemas"): `--json-schema-mode relaxed`
+//! (the default) compiles schemas llguidance cannot enforce exactly as the narrowest schema it
+//! can that contains them, and `--json-schema-retry N` draws a rejected completion again on
+//! sample index `n * r + j` ([`nucleus_engine::Engine::add_request_with_sample_offset`]).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -243,6 +249,18 @@ pub struct GenerateArgs {
     /// JSON; `none`: unbounded). Default 8; an error without --json-schema.
     #[arg(long, value_name = "N", value_parser = crate::grammar::parse_max_whitespace)]
     pub max_whitespace: Option<crate::grammar::MaxWhitespace>,
+    /// With --json-schema: `relaxed` (the default) compiles a schema llguidance cannot compile
+    /// exactly as the narrowest schema it can that contains it (what was relaxed is reported,
+    /// and every completion is validated exactly against the schema as given); `strict`
+    /// refuses such a schema. An error without --json-schema.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub json_schema_mode: Option<crate::grammar::SchemaMode>,
+    /// With --json-schema: draw a completion again, up to N times, while the exact validator
+    /// rejects it (retry r of sample j draws sample index n * r + j of the seed's stream, so it
+    /// is deterministic). Completions cut by --max-tokens are not retried. Default 0; at most
+    /// 100; an error without --json-schema.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub json_schema_retry: u32,
     /// How completions are printed: `text`, or `json` (one object per completion and line).
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
@@ -402,6 +420,105 @@ pub struct Completion {
     /// For a failed completion: what went wrong.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<CompletionError>,
+    /// With `--json-schema`: the exact validator's verdict (`schema_valid`, `schema_error`,
+    /// `relaxed`, `schema_retries`, flattened into the object).
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<SchemaCheck>,
+}
+
+/// The most `--json-schema-retry`.
+pub const MAX_JSON_SCHEMA_RETRY: u32 = 100;
+
+/// The exact validation of a [`Completion`] generated under `--json-schema`
+/// ([`nucleus_grammar::CompiledGrammar::check_completion`]: the `jsonschema` crate against the
+/// schema as given, formats asserted).
+#[derive(Debug, Serialize, Clone, PartialEq, Eq)]
+pub struct SchemaCheck {
+    /// Whether the text is valid under the schema: `false` for a completion cut by
+    /// `--max-tokens` before its grammar could end (message `incomplete`); `null` when the
+    /// validator could give no verdict (`schema_error` says why).
+    pub schema_valid: Option<bool>,
+    /// Why it is not valid: the JSON pointer of the first invalid value (`""` for the whole
+    /// text) and the validator's message; `null` when valid.
+    pub schema_error: Option<SchemaError>,
+    /// The keyword families relaxed to compile the schema (`--json-schema-mode relaxed`;
+    /// empty when it compiled exactly), sorted.
+    pub relaxed: Vec<String>,
+    /// How many times this sample was drawn again because the validator rejected it
+    /// (`--json-schema-retry`): the text is that of sample index `n * schema_retries + sample`.
+    pub schema_retries: u32,
+}
+
+/// `{"instance_path", "message"}` of a [`SchemaCheck`].
+#[derive(Debug, Serialize, Clone, PartialEq, Eq)]
+pub struct SchemaError {
+    /// The JSON pointer (RFC 6901) of the first invalid value; `""` for the whole text.
+    pub instance_path: String,
+    /// What is wrong (`incomplete` for a cut completion).
+    pub message: String,
+}
+
+impl SchemaCheck {
+    /// The check of `text` under `compiled` (a JSON Schema grammar), `complete` as the
+    /// engine's `grammar_complete`, after `retries` redraws.
+    fn of(
+        compiled: &nucleus_grammar::CompiledGrammar,
+        text: &str,
+        complete: bool,
+        retries: u32,
+    ) -> Option<Self> {
+        let verdict = compiled.check_completion(text, complete)?;
+        let (schema_valid, schema_error) = match verdict {
+            Ok(nucleus_grammar::SchemaVerdict::Valid) => (Some(true), None),
+            Ok(nucleus_grammar::SchemaVerdict::Invalid {
+                instance_path,
+                message,
+            }) => (
+                Some(false),
+                Some(SchemaError {
+                    instance_path,
+                    message,
+                }),
+            ),
+            Err(e) => (
+                None,
+                Some(SchemaError {
+                    instance_path: String::new(),
+                    message: e.to_string(),
+                }),
+            ),
+        };
+        Some(SchemaCheck {
+            schema_valid,
+            schema_error,
+            relaxed: compiled.relaxed().to_vec(),
+            schema_retries: retries,
+        })
+    }
+
+    /// Whether a redraw may help: the validator rejected a complete text.
+    fn retryable(&self) -> bool {
+        self.schema_valid == Some(false)
+            && self
+                .schema_error
+                .as_ref()
+                .is_some_and(|e| e.message != nucleus_grammar::INCOMPLETE)
+    }
+
+    /// `schema invalid at /a/b: ...` (`at the root` for `""`), or `None` when valid or not
+    /// checked.
+    fn invalid_line(&self) -> Option<String> {
+        let e = self.schema_error.as_ref()?;
+        if self.schema_valid != Some(false) {
+            return None;
+        }
+        let at = if e.instance_path.is_empty() {
+            "the root"
+        } else {
+            e.instance_path.as_str()
+        };
+        Some(format!("schema invalid at {at}: {}", e.message))
+    }
 }
 
 /// Token counts of a [`Completion`], as the OpenAI API's `usage`.
@@ -534,6 +651,15 @@ fn check_flags(args: &GenerateArgs) -> Result<()> {
              is where the grammar ends"
                 .into(),
         );
+    }
+    if args.json_schema.is_none() && args.json_schema_retry > 0 {
+        return usage("--json-schema-retry has no effect without --json-schema".into());
+    }
+    if args.json_schema_retry > MAX_JSON_SCHEMA_RETRY {
+        return usage(format!(
+            "--json-schema-retry must be at most {MAX_JSON_SCHEMA_RETRY}, got {}",
+            args.json_schema_retry
+        ));
     }
     if args.logprobs_mode.is_some() && args.logprobs.is_none() {
         return usage("--logprobs-mode has no effect without --logprobs".into());
@@ -825,9 +951,11 @@ pub fn run(args: GenerateArgs) -> Result<ExitCode> {
         args.grammar.as_deref(),
         args.limit.max_input_bytes,
     )?;
+    let schema_mode =
+        crate::grammar::json_schema_mode_for(args.json_schema_mode, args.json_schema.is_some())?;
     let grammar_options = GrammarOptions {
         max_whitespace: max_whitespace.0,
-        ..GrammarOptions::default()
+        json_schema_mode: schema_mode.into(),
     };
     let generation_config = GenerationConfigSource::parse(&args.generation_config)?;
     let chat = crate::chat::ChatInput::from_args(&args)?;
@@ -880,41 +1008,67 @@ pub fn run(args: GenerateArgs) -> Result<ExitCode> {
             .collect(),
     };
 
-    let streaming = requests.len() == 1 && args.n == 1 && args.format == Format::Text;
-    let mut ids = Vec::new();
+    let retry = args.json_schema_retry;
+    // Retries print whole: a streamed text could not be taken back.
+    let streaming = requests.len() == 1 && args.n == 1 && args.format == Format::Text && retry == 0;
+    let several = requests.len() > 1 || args.n > 1;
+    let request_for = |prompt: &Prompt, params: SamplingParams, n: usize| Request {
+        prompt: prompt.clone(),
+        params,
+        max_tokens,
+        stop_token_ids: args.stop_token_id.clone(),
+        stop_strings: args.stop.clone(),
+        n,
+        ignore_eos: args.ignore_eos,
+        grammar: grammar.clone(),
+        grammar_options,
+        include_stop_str_in_output: false,
+        skip_special_tokens: true,
+        chain: None,
+    };
+    // Engine request id -> the request's index (retries are engine requests of their own).
+    let mut owner: BTreeMap<u64, usize> = BTreeMap::new();
     let mut seeds = Vec::new();
     let mut prompt_lens = Vec::new();
     let mut last_prompt_id = Vec::new();
     for (index, (_, prompt)) in requests.iter().enumerate() {
         let info = engine
-            .add_request(Request {
-                prompt: prompt.clone(),
-                params: params.clone(),
-                max_tokens,
-                stop_token_ids: args.stop_token_id.clone(),
-                stop_strings: args.stop.clone(),
-                n: args.n,
-                ignore_eos: args.ignore_eos,
-                grammar: grammar.clone(),
-                grammar_options,
-                include_stop_str_in_output: false,
-                skip_special_tokens: true,
-                chain: None,
-            })
+            .add_request(request_for(prompt, params.clone(), args.n))
             .map_err(|e| match e {
                 // One grammar and one set of flags for every prompt: their errors are not the
                 // prompt's.
                 EngineError::Grammar(_) => anyhow::Error::new(e),
                 e => anyhow::Error::new(e).context(request_label(&args, index)),
             })?;
-        ids.push(info.request_id);
+        owner.insert(info.request_id, index);
         seeds.push(info.seed);
         prompt_lens.push(info.prompt_ids.len());
         last_prompt_id.push(info.prompt_ids.last().copied());
     }
     // Before the first step: a run whose KV caches the machine cannot hold is refused here,
-    // not aborted midway.
+    // not aborted midway (a retry takes the place of the sample it redraws).
     check_kv_cache(&config, &prompt_lens, args.n, max_tokens)?;
+    // The JSON Schema's compilation, from the engine's cache (add_request compiled it).
+    let schema = match (&grammar, args.json_schema.is_some()) {
+        (Some(spec), true) => Some(engine.grammar_compiler()?.compile(spec, &grammar_options)?),
+        _ => None,
+    };
+    if let Some(compiled) = &schema {
+        if !compiled.relaxed().is_empty() {
+            report::note(&format!(
+                "the JSON Schema was relaxed to compile ({}): every completion is validated \
+                 against the schema as given",
+                compiled.relaxed().join(", ")
+            ));
+        }
+        // The validator is built here, once: a schema it cannot take is said before
+        // generating.
+        if let Some(Err(e)) = compiled.validate_json("null") {
+            report::warning(&format!(
+                "{e}; completions are not validated (schema_valid null)"
+            ));
+        }
+    }
 
     let stdout = std::io::stdout();
     let mut out = Output(stdout.lock());
@@ -928,11 +1082,14 @@ pub fn run(args: GenerateArgs) -> Result<ExitCode> {
         next: (0, 0),
         done: BTreeMap::new(),
     };
-    let mut finished: Vec<(usize, u32, FinishReason, usize)> = Vec::new();
+    let n = args.n as u32;
+    let mut finished: Vec<(usize, u32, FinishReason, usize, u32)> = Vec::new();
     while engine.has_unfinished() {
         for step in engine.step()? {
-            let index = ids.iter().position(|&r| r == step.request_id).unwrap_or(0);
-            let key = (index, step.sample_index);
+            let index = owner.get(&step.request_id).copied().unwrap_or(0);
+            // Sample index n * r + j: retry r of sample j.
+            let (sample, attempt) = (step.sample_index % n, step.sample_index / n);
+            let key = (index, sample);
             let entry = pending.entry(key).or_default();
             if let Some(token) = step.token {
                 let before = entry.token_ids.last().copied().or(last_prompt_id[index]);
@@ -940,12 +1097,7 @@ pub fn run(args: GenerateArgs) -> Result<ExitCode> {
                 if let Some(lp) = &step.logprobs {
                     let t = token_logprobs(&tokenizer, before, token, lp);
                     if args.format == Format::Text {
-                        report::note(&logprob_line(
-                            index,
-                            step.sample_index,
-                            entry.token_ids.len() - 1,
-                            &t,
-                        ));
+                        report::note(&logprob_line(index, sample, entry.token_ids.len() - 1, &t));
                     }
                     entry.logprobs.push(t);
                 }
@@ -958,7 +1110,38 @@ pub fn run(args: GenerateArgs) -> Result<ExitCode> {
             }
             let Some(reason) = step.finish else { continue };
             let done = pending.remove(&key).unwrap_or_default();
-            finished.push((index, key.1, reason.clone(), done.token_ids.len()));
+            let check = schema.as_ref().and_then(|compiled| {
+                let complete = step.grammar_complete.unwrap_or(false);
+                SchemaCheck::of(compiled, &done.text, complete, attempt)
+            });
+            if let Some(check) = &check {
+                let failed = matches!(reason, FinishReason::Error(_));
+                if attempt < retry && check.retryable() && !failed {
+                    let next = attempt + 1;
+                    // At most 1024 * 100 + 1023: no overflow.
+                    let sample_index = n * next + sample;
+                    report::note(&format!(
+                        "request {index} sample {sample}: {}; retry {next} of {retry} \
+                         (sample index {sample_index})",
+                        check.invalid_line().unwrap_or_default()
+                    ));
+                    let mut redraw = params.clone();
+                    redraw.seed = Some(seeds[index]);
+                    let info = engine.add_request_with_sample_offset(
+                        request_for(&requests[index].1, redraw, 1),
+                        sample_index,
+                    )?;
+                    owner.insert(info.request_id, index);
+                    continue;
+                }
+                if args.format == Format::Text {
+                    if let Some(line) = check.invalid_line() {
+                        // Shown even with --quiet: the text is not what the schema asks for.
+                        report::always(&format!("request {index} sample {sample}: {line}"));
+                    }
+                }
+            }
+            finished.push((index, sample, reason.clone(), done.token_ids.len(), attempt));
             if streaming {
                 continue;
             }
@@ -966,7 +1149,7 @@ pub fn run(args: GenerateArgs) -> Result<ExitCode> {
             let completion_tokens = done.token_ids.len();
             order.push(Completion {
                 request: index,
-                sample: key.1,
+                sample,
                 text: done.text,
                 token_ids: done.token_ids,
                 finish_reason,
@@ -978,6 +1161,7 @@ pub fn run(args: GenerateArgs) -> Result<ExitCode> {
                 },
                 logprobs: args.logprobs.map(|_| done.logprobs),
                 error,
+                schema: check,
             });
             for c in order.ready() {
                 match args.format {
@@ -986,7 +1170,9 @@ pub fn run(args: GenerateArgs) -> Result<ExitCode> {
                         writeln!(out)?;
                     }
                     Format::Text => {
-                        writeln!(out, "--- request {} sample {} ---", c.request, c.sample)?;
+                        if several {
+                            writeln!(out, "--- request {} sample {} ---", c.request, c.sample)?;
+                        }
                         if args.echo {
                             write!(out, "{}", requests[c.request].0)?;
                         }
@@ -1026,10 +1212,15 @@ pub fn run(args: GenerateArgs) -> Result<ExitCode> {
     }
     finished.sort_by_key(|f| (f.0, f.1));
     let mut failed = false;
-    for (index, sample, reason, tokens) in finished {
+    for (index, sample, reason, tokens, retries) in finished {
         let plural = if tokens == 1 { "" } else { "s" };
+        let redrawn = match retries {
+            0 => String::new(),
+            1 => " (drawn again once for the schema)".to_string(),
+            r => format!(" (drawn again {r} times for the schema)"),
+        };
         let line = format!(
-            "request {index} sample {sample}: finish reason {reason}, {tokens} token{plural}"
+            "request {index} sample {sample}: finish reason {reason}, {tokens} token{plural}{redrawn}"
         );
         if matches!(reason, FinishReason::Error(_)) {
             failed = true;
@@ -1202,6 +1393,7 @@ mod tests {
             },
             logprobs: None,
             error: None,
+            schema: None,
         };
         let mut order = InOrder {
             n: 2,

@@ -1,31 +1,47 @@
 //! `nucleus grammar validate`: does a text match a JSON Schema, a regular expression or a Lark
-//! grammar, tokenised as a model would generate it?
+//! grammar, tokenised as a model would generate it? And, for a JSON Schema, does the exact
+//! validator accept it?
 //!
-//! The logic is [`nucleus_grammar::validate_text`]; this module reads the flags and files,
-//! builds the tokenizer (a GGUF model's or a `tokenizer.json`), prints the verdict and picks the
-//! exit status:
+//! The logic is [`nucleus_grammar::validate_text`] (the mask's verdict) and
+//! [`nucleus_grammar::CompiledGrammar::validate_json`] (the `jsonschema` crate's, against the
+//! schema as given); this module reads the flags and files, builds the tokenizer (a GGUF
+//! model's or a `tokenizer.json`), prints the verdicts and picks the exit status.
 //!
-//! - `accepted` (exit 0): every token is accepted and the grammar may end after the last one;
-//! - `rejected at token I (id N, text "...")` (exit 1): the first token the grammar refuses,
+//! Line 1 is the mask's verdict:
+//! - `accepted`: every token is accepted and the grammar may end after the last one;
+//! - `rejected at token I (id N, text "...")`: the first token the grammar refuses,
 //!   counted from 0, with its id and its text (escaped as a Rust string literal);
-//! - `rejected at end of text (the grammar cannot end here)` (exit 1): every token is accepted
-//!   but the text is incomplete;
-//! - `error: ...` on stderr (exit 2, grep's convention: every error, since 1 is "rejected"): a
-//!   grammar that does not compile (llguidance's message), an unreadable file or one larger
-//!   than `--max-input-bytes` ([`crate::input`]), a tokenizer or model that cannot be loaded,
-//!   `--max-whitespace` without `--json-schema`, a verdict that cannot be written (a full
-//!   disk; a closed pipe keeps the verdict's status quietly). Bad flags are clap's usage
-//!   message, also exit 2.
+//! - `rejected at end of text (the grammar cannot end here)`: every token is accepted
+//!   but the text is incomplete.
+//!
+//! With `--json-schema`, line 2 is the exact validator's: `schema: valid`, or
+//! `schema: invalid at /a/0/b: <message>` (`invalid at the root: ...` for the whole text,
+//! which is also where text that is not JSON is invalid). A schema compiled in relaxed mode
+//! (`--json-schema-mode relaxed`, the default) adds a note on stderr naming what was relaxed.
+//!
+//! Exit status: 0 when the mask accepts and (with `--json-schema`) the validator too; 1 when
+//! either rejects; 2 (grep's convention: every error, since 1 is "rejected") with `error: ...`
+//! on stderr: a grammar that does not compile (llguidance's message), a schema the validator
+//! cannot build (then line 2 is `schema: cannot validate: ...`), an unreadable file or one
+//! larger than `--max-input-bytes` ([`crate::input`]), a tokenizer or model that cannot be
+//! loaded, `--max-whitespace` or `--json-schema-mode` without `--json-schema`, a verdict that
+//! cannot be written (a full disk; a closed pipe keeps the verdict's status quietly). Bad
+//! flags are clap's usage message, also exit 2.
+//!
+//! Whitespace between JSON tokens is unbounded here by default (`--max-whitespace none`):
+//! pretty-printed JSON of any depth validates. Generation keeps its bound of 8
+//! (`nucleus generate --max-whitespace`); pass `--max-whitespace 8` to check a text the way
+//! generation's mask sees it.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{anyhow, bail, Result};
-use clap::{ArgGroup, Args};
+use clap::{ArgGroup, Args, ValueEnum};
 use nucleus_grammar::{
-    validate_text, GrammarCompiler, GrammarOptions, GrammarSpec, TokenEnv, Validation,
-    DEFAULT_MAX_WHITESPACE,
+    validate_text, GrammarCompiler, GrammarOptions, GrammarSpec, JsonSchemaMode, SchemaVerdict,
+    TokenEnv, Validation, DEFAULT_MAX_WHITESPACE,
 };
 use serde::Deserialize;
 
@@ -56,9 +72,14 @@ pub struct ValidateArgs {
     #[arg(long, value_name = "tokenizer.json")]
     pub tokenizer: Option<PathBuf>,
     /// JSON Schema only: most whitespace characters in a row between JSON tokens (0: compact
-    /// JSON only; `none`: unbounded). Default 8; an error without --json-schema.
+    /// JSON only). Default `none` (unbounded: validation is not bounded like generation, whose
+    /// default is 8); an error without --json-schema.
     #[arg(long, value_name = "N", value_parser = parse_max_whitespace)]
     pub max_whitespace: Option<MaxWhitespace>,
+    /// JSON Schema only: `relaxed` (the default) compiles a schema llguidance cannot compile
+    /// exactly as the narrowest schema it can that contains it; `strict` refuses it.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub json_schema_mode: Option<SchemaMode>,
     /// `--max-input-bytes`: most bytes of the --text, --grammar, --json-schema and --tokenizer
     /// files (not of a GGUF model).
     #[command(flatten)]
@@ -75,6 +96,44 @@ pub struct MaxWhitespace(pub Option<usize>);
 impl Default for MaxWhitespace {
     fn default() -> Self {
         MaxWhitespace(Some(DEFAULT_MAX_WHITESPACE))
+    }
+}
+
+/// The value of `--json-schema-mode` (`nucleus generate`, `nucleus grammar validate`,
+/// `nucleus serve`): what to do with a JSON Schema llguidance cannot compile exactly
+/// ([`nucleus_grammar::JsonSchemaMode`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum SchemaMode {
+    /// Compile the narrowest schema llguidance supports that contains the original (`not`,
+    /// `uniqueItems`, `dependencies`, `propertyNames`, unknown formats ignored; `oneOf` as
+    /// `anyOf`; `if`/`then`/`else` as the union of its branches; ...), report what was
+    /// relaxed, and validate every completion exactly against the original.
+    #[default]
+    Relaxed,
+    /// Refuse such a schema (llguidance's message), as before relaxed mode existed.
+    Strict,
+}
+
+impl From<SchemaMode> for JsonSchemaMode {
+    fn from(mode: SchemaMode) -> Self {
+        match mode {
+            SchemaMode::Relaxed => JsonSchemaMode::Relaxed,
+            SchemaMode::Strict => JsonSchemaMode::Strict,
+        }
+    }
+}
+
+/// The `--json-schema-mode` to use: the given one or the default (relaxed).
+///
+/// # Errors
+/// A [`UsageError`] when it was given without `--json-schema` (`json_schema`), where it would
+/// have no effect.
+pub fn json_schema_mode_for(given: Option<SchemaMode>, json_schema: bool) -> Result<SchemaMode> {
+    match given {
+        Some(_) if !json_schema => {
+            Err(UsageError::new("--json-schema-mode has no effect without --json-schema").into())
+        }
+        given => Ok(given.unwrap_or_default()),
     }
 }
 
@@ -110,20 +169,64 @@ const END_TOKEN_NAMES: [&str; 8] = [
     "<|end|>",
 ];
 
-/// Runs `nucleus grammar validate`: prints the verdict on stdout (or `error: ...` on stderr)
+/// The verdicts of `nucleus grammar validate`: the mask's, and with a JSON Schema the exact
+/// validator's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdicts {
+    /// The mask's verdict (line 1).
+    pub mask: Validation,
+    /// With `--json-schema`: the exact validator's verdict (line 2), or why it gave none.
+    pub schema: Option<std::result::Result<SchemaVerdict, String>>,
+    /// With `--json-schema`: the keyword families relaxed to compile it (empty when it
+    /// compiled exactly).
+    pub relaxed: Vec<String>,
+}
+
+impl Verdicts {
+    /// The exit status: 0 when every verdict accepts, 1 when one rejects, 2 when the
+    /// validator could give no verdict.
+    pub fn status(&self) -> u8 {
+        match &self.schema {
+            Some(Err(_)) => 2,
+            Some(Ok(v)) if !v.is_valid() => 1,
+            _ if !self.mask.is_accepted() => 1,
+            _ => 0,
+        }
+    }
+
+    /// The lines printed on stdout.
+    pub fn lines(&self) -> String {
+        match &self.schema {
+            None => format!("{}\n", self.mask),
+            Some(Ok(v)) => format!("{}\nschema: {v}\n", self.mask),
+            Some(Err(e)) => format!("{}\nschema: cannot validate: {e}\n", self.mask),
+        }
+    }
+}
+
+/// Runs `nucleus grammar validate`: prints the verdicts on stdout (or `error: ...` on stderr)
 /// and returns the exit status (0 accepted, 1 rejected, 2 error). A closed stdout (`| true`)
-/// keeps the verdict's status quietly; any other failure to write it is an error (2, `error:
-/// writing the output: ...`).
+/// keeps the verdicts' status quietly; any other failure to write them is an error (2,
+/// `error: writing the output: ...`).
 pub fn validate_command(args: &ValidateArgs) -> ExitCode {
     match validate(args) {
-        Ok(verdict) => {
-            let status = if verdict.is_accepted() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            };
+        Ok(verdicts) => {
+            if !verdicts.relaxed.is_empty() {
+                crate::report::note(&format!(
+                    "the JSON Schema was relaxed to compile ({}); line 2 is the exact \
+                     verdict against the schema as given",
+                    verdicts.relaxed.join(", ")
+                ));
+            }
+            let status = ExitCode::from(verdicts.status());
+            if let Some(Err(e)) = &verdicts.schema {
+                crate::report::error(&format!("the schema cannot be validated: {e}"));
+            }
             let mut out = std::io::stdout().lock();
-            match writeln!(out, "{verdict}").and_then(|()| out.flush()) {
+            match out
+                .write_all(verdicts.lines().as_bytes())
+                .and_then(|()| out.flush())
+            {
                 Ok(()) => status,
                 // The reader went away (`| true`): the verdict stands, quietly.
                 Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => status,
@@ -140,13 +243,17 @@ pub fn validate_command(args: &ValidateArgs) -> ExitCode {
     }
 }
 
-/// The verdict of `nucleus grammar validate` for `args`.
+/// The verdicts of `nucleus grammar validate` for `args`.
 ///
-/// Errors: `--max-whitespace` without `--json-schema` (a [`UsageError`]), unreadable files or
-/// ones larger than `--max-input-bytes`, a tokenizer or model that cannot be loaded, a grammar
-/// that does not compile (with llguidance's message).
-pub fn validate(args: &ValidateArgs) -> Result<Validation> {
-    let max_whitespace = max_whitespace_for(args.max_whitespace, args.json_schema.is_some())?;
+/// Errors: `--max-whitespace` or `--json-schema-mode` without `--json-schema` (a
+/// [`UsageError`]), unreadable files or ones larger than `--max-input-bytes`, a tokenizer or
+/// model that cannot be loaded, a grammar that does not compile (with llguidance's message).
+pub fn validate(args: &ValidateArgs) -> Result<Verdicts> {
+    let json_schema = args.json_schema.is_some();
+    // Validation is not bounded like generation: unbounded whitespace unless given.
+    max_whitespace_for(args.max_whitespace, json_schema)?;
+    let max_whitespace = args.max_whitespace.unwrap_or(MaxWhitespace(None));
+    let mode = json_schema_mode_for(args.json_schema_mode, json_schema)?;
     let limit = args.limit.max_input_bytes;
     let spec = grammar_spec(args, limit)?;
     let text = read_text(&args.text, limit)?;
@@ -154,9 +261,19 @@ pub fn validate(args: &ValidateArgs) -> Result<Validation> {
     let compiler = GrammarCompiler::new(env)?;
     let options = GrammarOptions {
         max_whitespace: max_whitespace.0,
-        ..GrammarOptions::default()
+        json_schema_mode: mode.into(),
     };
-    Ok(validate_text(&compiler, &spec, &options, &text)?)
+    let mask = validate_text(&compiler, &spec, &options, &text)?;
+    // The grammar is in the compiler's cache now: this is the same compilation.
+    let compiled = compiler.compile(&spec, &options)?;
+    let schema = compiled
+        .validate_json(&text)
+        .map(|r| r.map_err(|e| e.message));
+    Ok(Verdicts {
+        mask,
+        schema,
+        relaxed: compiled.relaxed().to_vec(),
+    })
 }
 
 /// The `--max-whitespace` bound to use: the given one or the default (8).

@@ -53,6 +53,13 @@ pub fn note(text: &str) {
     }
 }
 
+/// Writes `text` as one line on stderr (escaped and cut), even with [`set_quiet`]: what a user
+/// must see although it is not an error (a completion the schema rejects); a failed write is
+/// ignored.
+pub fn always(text: &str) {
+    write_line("", text);
+}
+
 /// The panic hook of the `nucleus` binary: one line, `nucleus: internal error: ...`, and no
 /// backtrace; it never panics itself (a second panic aborts the process).
 pub fn panic_hook(info: &std::panic::PanicHookInfo<'_>) {

@@ -47,6 +47,12 @@ pub struct ServeArgs {
     /// vllm (none), or a folder holding a generation_config.json.
     #[arg(long, default_value = "auto")]
     pub generation_config: String,
+    /// What to do with a JSON Schema llguidance cannot compile exactly: `relaxed` (the
+    /// default) compiles the narrowest schema it can that contains it, `strict` answers 400.
+    /// Each choice under a JSON Schema reports the exact validator's verdict in
+    /// `nucleus_schema`.
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = crate::grammar::SchemaMode::Relaxed)]
+    pub json_schema_mode: crate::grammar::SchemaMode,
     /// `--threads`.
     #[command(flatten)]
     pub threads: crate::threads::Threads,
@@ -100,6 +106,7 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
         max_model_len,
         max_body_bytes: args.max_body_bytes,
         api_key: args.api_key.clone(),
+        json_schema_mode: args.json_schema_mode.into(),
     };
     let server = Server::start(
         config,

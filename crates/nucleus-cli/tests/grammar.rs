@@ -151,8 +151,13 @@ fn json_schemas_inline_and_from_files_and_lark_grammars() {
         let (code, out, _) = validate(&["--json-schema", s, "--text", &bad, "--tokenizer", &tk]);
         assert_eq!(code, 1);
         assert!(out.starts_with("rejected at token "), "{out}");
+        assert!(
+            out.ends_with("\nschema: invalid at /a: \"x\" is not of type \"integer\"\n"),
+            "{out}"
+        );
     }
-    // Whitespace: at most 8 in a row unless --max-whitespace says otherwise.
+    // Whitespace: unbounded in validation unless --max-whitespace says otherwise (generation
+    // keeps its bound of 8).
     let spaced = file("spaced.json", "{\"a\":         1}");
     let args = [
         "--json-schema",
@@ -162,7 +167,11 @@ fn json_schemas_inline_and_from_files_and_lark_grammars() {
         "--tokenizer",
         &tk,
     ];
-    assert_eq!(validate(&args).0, 1);
+    assert_eq!(validate(&args).0, 0);
+    assert_eq!(
+        validate(&[&args[..], &["--max-whitespace", "8"]].concat()).0,
+        1
+    );
     assert_eq!(
         validate(&[&args[..], &["--max-whitespace", "none"]].concat()).0,
         0
@@ -367,7 +376,10 @@ fn deep_grammars_are_errors_that_give_the_limit_and_byte_tokens_show_their_byte(
         "--tokenizer",
         &minimind(),
     ]);
-    assert_eq!((code, out.as_str(), err.as_str()), (0, "accepted\n", ""));
+    assert_eq!(
+        (code, out.as_str(), err.as_str()),
+        (0, "accepted\nschema: valid\n", "")
+    );
     let (code, out, _) = validate(&[
         "--regex",
         "x",

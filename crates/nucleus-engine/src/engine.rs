@@ -150,7 +150,8 @@ pub struct RequestInfo {
 pub struct StepOutput {
     /// The request.
     pub request_id: u64,
-    /// Which of its `n` samples.
+    /// Which of its `n` samples: its sample index, `j` for sample `j` (`first + j` for a
+    /// request added with [`Engine::add_request_with_sample_offset`]).
     pub sample_index: u32,
     /// The token chosen this step (`None` when sampling failed).
     pub token: Option<u32>,
@@ -167,6 +168,12 @@ pub struct StepOutput {
     pub finish: Option<FinishReason>,
     /// The logits row the token was sampled from, when [`EngineConfig::capture_logits`].
     pub logits: Option<Vec<f32>>,
+    /// On the step that finishes a sample whose request has a grammar: whether the grammar
+    /// could end after the tokens committed (nucleus-grammar's `may_end`; true after EOS and
+    /// when the grammar ended the sample). `false` for a sample cut by `max_tokens` or the
+    /// context before its text was complete: such a text cannot match the grammar. `None`
+    /// on other steps and without a grammar.
+    pub grammar_complete: Option<bool>,
 }
 
 /// Engine options.
@@ -351,6 +358,24 @@ impl Engine {
     /// seed was given and the OS gave none; [`EngineError::Grammar`] when the grammar does
     /// not compile (the message names the problem).
     pub fn add_request(&mut self, request: Request) -> Result<RequestInfo> {
+        self.add_request_with_sample_offset(request, 0)
+    }
+
+    /// [`Engine::add_request`], with sample `j` drawing from sample index `first + j` of the
+    /// seed's stream (spec sampling.md, "Several samples per request") instead of `j`, and
+    /// reported with that index in [`StepOutput::sample_index`]: a later request can then
+    /// redraw one sample of an earlier one (same prompt and seed) on a stream of its own, as
+    /// `nucleus generate --json-schema-retry` does with index `n * r + j` for retry `r` of
+    /// sample `j`.
+    ///
+    /// # Errors
+    /// As [`Engine::add_request`], and [`EngineError::InvalidRequest`] when `first + n - 1`
+    /// does not fit in a `u32`.
+    pub fn add_request_with_sample_offset(
+        &mut self,
+        request: Request,
+        first: u32,
+    ) -> Result<RequestInfo> {
         let invalid = |m: String| Err(EngineError::InvalidRequest(m));
         if let Err(e) = request.params.validate() {
             return invalid(e.to_string());
@@ -368,6 +393,16 @@ impl Engine {
             return invalid(format!(
                 "n must be in 1..={MAX_SAMPLES_PER_REQUEST}, got {}",
                 request.n
+            ));
+        }
+        if u32::try_from(request.n - 1)
+            .ok()
+            .and_then(|last| first.checked_add(last))
+            .is_none()
+        {
+            return invalid(format!(
+                "the sample indices {first} to {first} + {} do not fit in a u32",
+                request.n - 1
             ));
         }
         if let Some(&bad) = request
@@ -450,7 +485,8 @@ impl Engine {
         for j in 0..request.n {
             self.seqs.push(Sequence {
                 request_id,
-                sample_index: j as u32,
+                // In range: checked above.
+                sample_index: first + j as u32,
                 params: params.clone(),
                 prompt_ids: prompt.clone(),
                 output_ids: Vec::new(),
@@ -647,7 +683,7 @@ impl Engine {
             if forks > 0 {
                 let (id, cache) = (self.seqs[i].request_id, self.seqs[i].cache.clone());
                 for (k, seq) in self.seqs.iter_mut().enumerate() {
-                    if seq.request_id == id && seq.sample_index != 0 && seq.output_ids.is_empty() {
+                    if k != i && seq.request_id == id && seq.output_ids.is_empty() {
                         seq.cache = cache.clone();
                         rows.push((k, r));
                     }
@@ -745,6 +781,7 @@ impl Engine {
                     .config
                     .capture_logits
                     .then(|| batch[row * row_len..(row + 1) * row_len].to_vec()),
+                grammar_complete: None,
             };
             let fill = grammar_slot[k].map(|g| &fills[g]);
             match (result, fill) {
@@ -788,6 +825,7 @@ impl Engine {
                 }
             }
             if out.finish.is_some() {
+                out.grammar_complete = seq.matcher.as_mut().map(GrammarMatcher::may_end);
                 finished.push(k);
             }
             outputs.push(out);

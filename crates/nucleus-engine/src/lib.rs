@@ -86,6 +86,6 @@ pub use models::{
     moe_routing_bytes, CausalLm, ExpertWeights, ModelConfig, MoeConfig, RopeConfig, RopeLayout,
     RopeScaling, SeqInput, SparseMoe, Transformer,
 };
-pub use nucleus_grammar::{GrammarOptions, GrammarSpec};
+pub use nucleus_grammar::{GrammarOptions, GrammarSpec, JsonSchemaMode};
 pub use nucleus_sampling::SamplingParams;
 pub use tokenizer::{supported_pre_types, ModelTokenizer, TokenizerKind, EOG_TOKEN_TEXTS};

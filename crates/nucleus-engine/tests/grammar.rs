@@ -326,3 +326,87 @@ fn a_control_token_that_is_also_a_piece_is_never_forced_for_text() {
         assert_eq!(finish, &Some(FinishReason::Stop));
     }
 }
+
+/// Per (request id, sample index): the tokens, and `grammar_complete` of the finishing step.
+fn run_samples(engine: &mut Engine) -> BTreeMap<(u64, u32), (Vec<u32>, Option<bool>)> {
+    let mut runs = BTreeMap::new();
+    while engine.has_unfinished() {
+        for out in engine.step().expect("step") {
+            let entry: &mut (Vec<u32>, Option<bool>) =
+                runs.entry((out.request_id, out.sample_index)).or_default();
+            entry.0.extend(out.token);
+            if out.finish.is_some() {
+                entry.1 = out.grammar_complete;
+            } else {
+                assert_eq!(out.grammar_complete, None, "only on the finishing step");
+            }
+        }
+    }
+    runs
+}
+
+#[test]
+fn grammar_complete_says_whether_the_grammar_could_end() {
+    let mut e = engine();
+    // Cut by max_tokens inside the object: incomplete.
+    e.add_request(with_grammar(GrammarSpec::JsonSchema(SCHEMA.into()), 3, 6))
+        .unwrap();
+    // Ended by the grammar: complete.
+    e.add_request(with_grammar(GrammarSpec::Regex("(yes|no)".into()), 9, 100))
+        .unwrap();
+    // No grammar: not said.
+    e.add_request(Request {
+        params: sampled(4),
+        max_tokens: 3,
+        ..Request::new("Once upon a time")
+    })
+    .unwrap();
+    let runs = run_samples(&mut e);
+    assert_eq!(runs[&(0, 0)].1, Some(false));
+    assert_eq!(runs[&(1, 0)].1, Some(true));
+    assert_eq!(runs[&(2, 0)].1, None);
+}
+
+#[test]
+fn a_sample_offset_draws_the_stream_of_that_sample_index() {
+    let spec = GrammarSpec::JsonSchema(r#"{"type":"integer","minimum":0,"maximum":99}"#.into());
+    // Samples 0..8 of one request, and samples 5..8 of another with the same seed, added with
+    // offset 5: the same sample indices give the same tokens.
+    let mut e = engine();
+    e.add_request(Request {
+        n: 8,
+        ..with_grammar(spec.clone(), 21, 10)
+    })
+    .unwrap();
+    e.add_request_with_sample_offset(
+        Request {
+            n: 3,
+            ..with_grammar(spec.clone(), 21, 10)
+        },
+        5,
+    )
+    .unwrap();
+    let runs = run_samples(&mut e);
+    let first: Vec<u32> = runs.keys().filter(|k| k.0 == 1).map(|k| k.1).collect();
+    assert_eq!(first, [5, 6, 7]);
+    for j in 5..8 {
+        assert_eq!(runs[&(1, j)], runs[&(0, j)], "sample index {j}");
+    }
+    let distinct: std::collections::BTreeSet<&Vec<u32>> =
+        (0..8).map(|j| &runs[&(0, j)].0).collect();
+    assert!(distinct.len() > 1, "sample indices draw different streams");
+    // Indices past u32::MAX are refused.
+    let err = e
+        .add_request_with_sample_offset(
+            Request {
+                n: 2,
+                ..with_grammar(spec, 21, 10)
+            },
+            u32::MAX,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&err, EngineError::InvalidRequest(m) if m.contains("do not fit in a u32")),
+        "{err}"
+    );
+}

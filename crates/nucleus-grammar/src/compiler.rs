@@ -234,7 +234,33 @@ impl CompiledGrammar {
             Err(e) => Err(e.clone()),
         })
     }
+    /// The final verdict on a completion generated under this JSON Schema grammar: `complete`
+    /// says whether the grammar could end after the completion's tokens (the engine's
+    /// `StepOutput::grammar_complete`). An incomplete completion (cut by a token limit) is
+    /// `Invalid` at the root with the message [`INCOMPLETE`], without validating; a complete
+    /// one is [`validate_json`](Self::validate_json)'s verdict on `text`. `None` for regular
+    /// expressions and Lark grammars.
+    ///
+    /// Errors: as [`validate_json`](Self::validate_json).
+    pub fn check_completion(
+        &self,
+        text: &str,
+        complete: bool,
+    ) -> Option<std::result::Result<SchemaVerdict, SchemaValidatorError>> {
+        self.schema.as_ref()?;
+        if !complete {
+            return Some(Ok(SchemaVerdict::Invalid {
+                instance_path: String::new(),
+                message: INCOMPLETE.to_string(),
+            }));
+        }
+        self.validate_json(text)
+    }
 }
+
+/// The message of [`CompiledGrammar::check_completion`]'s verdict on a completion that ended
+/// (by a token limit) before its grammar could end.
+pub const INCOMPLETE: &str = "incomplete";
 
 type Entry = Arc<OnceLock<Result<Arc<CompiledGrammar>>>>;
 

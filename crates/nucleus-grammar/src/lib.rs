@@ -89,7 +89,7 @@ mod validate;
 
 pub use compiler::{
     CompiledGrammar, GrammarCompiler, GrammarKind, GrammarOptions, GrammarSpec, JsonSchemaMode,
-    DEFAULT_MAX_WHITESPACE, FIRST_STEP_LIMIT,
+    DEFAULT_MAX_WHITESPACE, FIRST_STEP_LIMIT, INCOMPLETE,
 };
 pub use depth::{json_text_depth, lark_depth, schema_depth, MAX_GRAMMAR_DEPTH};
 pub use error::{GrammarError, Result, MAX_MESSAGE_LINE};

@@ -696,3 +696,28 @@ fn deep_instances_are_validated_without_overflow_or_refused_past_the_limit() {
         .join()
         .unwrap();
 }
+
+#[test]
+fn check_completion_is_incomplete_without_validating_or_the_validators_verdict() {
+    let c = minimind_compiler();
+    let schema = json!({"type": "integer", "not": {"const": 5}});
+    let g: std::sync::Arc<CompiledGrammar> = c.compile(&spec(&schema), &relaxed()).unwrap();
+    // Cut before the grammar could end: incomplete, whatever the text.
+    assert_eq!(
+        g.check_completion("3", false).unwrap().unwrap(),
+        invalid("", nucleus_grammar::INCOMPLETE)
+    );
+    assert_eq!(
+        g.check_completion("3", true).unwrap().unwrap(),
+        SchemaVerdict::Valid
+    );
+    assert_eq!(
+        g.check_completion("5", true).unwrap().unwrap(),
+        invalid("", r#"{"const":5} is not allowed for 5"#)
+    );
+    // Not a JSON Schema: no verdict.
+    let regex = c
+        .compile(&GrammarSpec::Regex("[0-9]+".into()), &relaxed())
+        .unwrap();
+    assert!(regex.check_completion("5", true).is_none());
+}

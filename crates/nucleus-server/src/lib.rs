@@ -47,6 +47,11 @@ pub struct ServerConfig {
     /// With a key, every route but `/health`, `/v1/models` and `/` needs
     /// `Authorization: Bearer KEY` (401 otherwise), as llama.cpp's server does.
     pub api_key: Option<String>,
+    /// What to do with a JSON Schema (`response_format`, `structured_outputs`, `guided_json`)
+    /// llguidance cannot compile exactly (`nucleus serve --json-schema-mode`): relaxed
+    /// compiles the narrowest schema it can that contains it; strict answers 400. Either way
+    /// each choice reports the exact validator's verdict in `nucleus_schema`.
+    pub json_schema_mode: nucleus_engine::JsonSchemaMode,
 }
 
 /// The model and what goes with it.

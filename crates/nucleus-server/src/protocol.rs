@@ -1092,6 +1092,7 @@ pub fn engine_requests(
     parsed: &Parsed,
     prompts: Vec<(Vec<u32>, usize)>,
     dry_sequence_breakers: Option<Vec<Vec<u32>>>,
+    grammar_options: GrammarOptions,
 ) -> Result<Vec<Request>, ApiError> {
     let mut params = parsed.params.clone();
     if let Some(b) = dry_sequence_breakers {
@@ -1124,7 +1125,7 @@ pub fn engine_requests(
             n: parsed.n,
             ignore_eos: parsed.ignore_eos,
             grammar: parsed.grammar.clone(),
-            grammar_options: GrammarOptions::default(),
+            grammar_options,
             include_stop_str_in_output: parsed.include_stop_str_in_output,
             skip_special_tokens: parsed.skip_special_tokens,
             chain: chain.clone(),

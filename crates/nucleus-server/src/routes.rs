@@ -15,6 +15,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::stream::{self, Stream, StreamExt};
 use nucleus_engine::{messages_from_openai, FinishReason, Prompt, RenderOptions, StepOutput};
+use nucleus_grammar::{CompiledGrammar, SchemaVerdict};
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -216,6 +217,9 @@ struct Prepared {
     parsed: Parsed,
     /// Per prompt: the token ids and the text shown by `echo`.
     prompts: Vec<(Vec<u32>, String)>,
+    /// The request's JSON Schema compiled (its other grammars: `None`), to validate each
+    /// choice.
+    schema: Option<Arc<CompiledGrammar>>,
 }
 
 /// Parse, apply the model's defaults, tokenise and check lengths.
@@ -381,16 +385,56 @@ fn prepare(state: &AppState, endpoint: Endpoint, body: &Value) -> Result<Prepare
     // The grammar is compiled here, off the engine thread (the engine finds it in the
     // shared cache): a compilation that takes seconds does not pause the running requests,
     // and its error names the field it came from.
+    let mut schema = None;
     if let (Some(spec), Some(compiler)) = (&parsed.grammar, &state.grammars) {
-        let options = nucleus_engine::GrammarOptions::default();
-        compiler.compile(spec, &options).map_err(|e| {
-            ApiError::bad_request(
-                format!("the grammar does not compile: {e}"),
-                Some(parsed.grammar_field),
-            )
-        })?;
+        let compiled = compiler
+            .compile(spec, &grammar_options(state))
+            .map_err(|e| {
+                ApiError::bad_request(
+                    format!("the grammar does not compile: {e}"),
+                    Some(parsed.grammar_field),
+                )
+            })?;
+        if compiled.original_schema().is_some() {
+            schema = Some(compiled);
+        }
     }
-    Ok(Prepared { parsed, prompts })
+    Ok(Prepared {
+        parsed,
+        prompts,
+        schema,
+    })
+}
+
+/// The grammar options of every request: the default whitespace bound, the server's
+/// `--json-schema-mode`.
+fn grammar_options(state: &AppState) -> nucleus_engine::GrammarOptions {
+    nucleus_engine::GrammarOptions {
+        json_schema_mode: state.config.json_schema_mode,
+        ..nucleus_engine::GrammarOptions::default()
+    }
+}
+
+/// The `nucleus_schema` object of a choice generated under a JSON Schema: `valid` (`false`
+/// with the message `incomplete` for a choice cut by `max_tokens` before its grammar could
+/// end; `null` when the validator could give no verdict), `error` (`{"instance_path",
+/// "message"}` or `null`), `relaxed` (the keyword families relaxed to compile the schema).
+fn schema_report(compiled: &CompiledGrammar, text: &str, complete: bool) -> Value {
+    let (valid, error) = match compiled.check_completion(text, complete) {
+        None | Some(Ok(SchemaVerdict::Valid)) => (json!(true), Value::Null),
+        Some(Ok(SchemaVerdict::Invalid {
+            instance_path,
+            message,
+        })) => (
+            json!(false),
+            json!({"instance_path": instance_path, "message": message}),
+        ),
+        Some(Err(e)) => (
+            Value::Null,
+            json!({"instance_path": "", "message": e.to_string()}),
+        ),
+    };
+    json!({"valid": valid, "error": error, "relaxed": compiled.relaxed()})
 }
 
 /// Holds one place of the admission count until dropped.
@@ -416,7 +460,11 @@ async fn generate(
     let prepared = tokio::task::spawn_blocking(move || prepare(&st, endpoint, &body))
         .await
         .map_err(|e| ApiError::internal(format!("preparing the request failed: {e}")))??;
-    let Prepared { parsed, prompts } = prepared;
+    let Prepared {
+        parsed,
+        prompts,
+        schema,
+    } = prepared;
     let max_len = state.config.max_model_len;
     let with_max: Vec<(Vec<u32>, usize)> = prompts
         .iter()
@@ -446,7 +494,7 @@ async fn generate(
         }
         _ => None,
     };
-    let requests = protocol::engine_requests(&parsed, with_max, breakers)?;
+    let requests = protocol::engine_requests(&parsed, with_max, breakers, grammar_options(&state))?;
     let samples = prompts.len() * parsed.n;
     if samples > state.config.max_num_seqs {
         return Err(ApiError::bad_request(
@@ -516,7 +564,7 @@ async fn generate(
         last_prompt_ids: infos.iter().map(|i| i.prompt_ids.last().copied()).collect(),
     };
     if parsed.stream {
-        let stream = sse_stream(state.clone(), meta, rx, parsed.include_usage);
+        let stream = sse_stream(state.clone(), meta, rx, parsed.include_usage, schema);
         return Ok(Sse::new(stream).into_response());
     }
     // Non-streaming: gather every sample. A client that goes away drops this future and
@@ -550,7 +598,10 @@ async fn generate(
         .map(|(i, c)| {
             let prompt = i / parsed.n;
             let finish = c.finish;
-            match endpoint {
+            let report = schema
+                .as_deref()
+                .map(|g| schema_report(g, &c.text, c.grammar_complete));
+            let mut choice = match endpoint {
                 Endpoint::Completions => {
                     let text = if parsed.echo {
                         format!("{}{}", prompts[prompt].1, c.text)
@@ -572,7 +623,11 @@ async fn generate(
                     "finish_reason": finish,
                     "stop_reason": Value::Null,
                 }),
+            };
+            if let Some(report) = report {
+                choice["nucleus_schema"] = report;
             }
+            choice
         })
         .collect();
     let object = match endpoint {
@@ -643,6 +698,8 @@ struct Choice {
     logprobs: Vec<TokenLp>,
     finish: Option<&'static str>,
     error: Option<String>,
+    /// The engine's `grammar_complete` on the finishing step (false without a grammar).
+    grammar_complete: bool,
 }
 
 impl Choice {
@@ -664,6 +721,7 @@ impl Choice {
             None => false,
             Some(reason) => {
                 self.finish = Some(finish_reason(reason));
+                self.grammar_complete = output.grammar_complete.unwrap_or(false);
                 if let FinishReason::Error(e) = reason {
                     self.error = Some(e.clone());
                 }
@@ -757,12 +815,14 @@ fn sse_stream(
     meta: Meta,
     rx: UnboundedReceiver<Event>,
     include_usage: bool,
+    schema: Option<Arc<CompiledGrammar>>,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> {
     struct S {
         state: Arc<AppState>,
         meta: Meta,
         rx: UnboundedReceiver<Event>,
         include_usage: bool,
+        schema: Option<Arc<CompiledGrammar>>,
         choices: BTreeMap<usize, Choice>,
         open: Option<usize>,
         started: bool,
@@ -775,6 +835,7 @@ fn sse_stream(
         meta,
         rx,
         include_usage,
+        schema,
         choices: BTreeMap::new(),
         open: Some(total),
         started: false,
@@ -834,8 +895,13 @@ fn sse_stream(
                 });
                 let finish = if finished { c.finish } else { None };
                 let error = if finished { c.error.clone() } else { None };
+                // The last chunk of a choice under a JSON Schema carries its verdict.
+                let report = match (&s.schema, finished) {
+                    (Some(g), true) => Some(schema_report(g, &c.text, c.grammar_complete)),
+                    _ => None,
+                };
                 if !delta_text.is_empty() || lp.is_some() || finish.is_some() {
-                    let choice = match s.meta.endpoint {
+                    let mut choice = match s.meta.endpoint {
                         Endpoint::Completions => json!({
                             "index": index, "text": delta_text, "logprobs": lp,
                             "finish_reason": finish,
@@ -850,6 +916,9 @@ fn sse_stream(
                                    "finish_reason": finish})
                         }
                     };
+                    if let Some(report) = report {
+                        choice["nucleus_schema"] = report;
+                    }
                     events.push(chunk(&s.meta, vec![choice]));
                 }
                 if let Some(e) = error {

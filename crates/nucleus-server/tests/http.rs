@@ -633,3 +633,107 @@ fn sizes_at_the_top_of_their_type_are_400s_or_work_not_overflows() {
         );
     }
 }
+
+/// An integer from 0 to 9 that is neither 2 nor 5: llguidance does not implement `not`, so
+/// relaxed mode (the default) drops it from the mask and the validator catches 2 and 5.
+const NOT_2_OR_5: &str = r#"{"type":"integer","minimum":0,"maximum":9,"not":{"enum":[2,5]}}"#;
+
+/// The `nucleus_schema` object the hand-worked verdict gives for `text` under [`NOT_2_OR_5`].
+fn not_2_or_5_report(text: &str) -> Value {
+    let v: i64 = text.parse().expect("an integer");
+    assert!((0..=9).contains(&v), "the mask keeps 0..=9: {text}");
+    if v == 2 || v == 5 {
+        json!({"valid": false, "relaxed": ["not"], "error": {"instance_path": "",
+               "message": format!("{{\"enum\":[2,5]}} is not allowed for {v}")}})
+    } else {
+        json!({"valid": true, "error": null, "relaxed": ["not"]})
+    }
+}
+
+#[test]
+fn each_choice_under_a_json_schema_carries_the_validators_verdict() {
+    let base = start(|_| {});
+    let format = json!({"type": "json_schema", "json_schema": {"name": "digit",
+                        "schema": serde_json::from_str::<Value>(NOT_2_OR_5).unwrap()}});
+    let body = json!({"prompt": "Once", "max_tokens": 8, "seed": 7, "n": 12,
+                      "response_format": format});
+    let (status, v) = post(&base, "/v1/completions", &body);
+    assert_eq!(status, 200, "{v}");
+    let choices = v["choices"].as_array().expect("choices");
+    assert_eq!(choices.len(), 12);
+    let mut invalid = 0;
+    for c in choices {
+        let text = c["text"].as_str().unwrap();
+        assert_eq!(c["nucleus_schema"], not_2_or_5_report(text), "{c}");
+        invalid += usize::from(c["nucleus_schema"]["valid"] == false);
+    }
+    assert!(invalid > 0, "seed 7 draws a 2 or a 5 among 12");
+
+    // Streaming: the last chunk of each choice carries the same verdict.
+    let mut stream_body = body.clone();
+    stream_body["stream"] = json!(true);
+    let text = client()
+        .post(format!("{base}/v1/completions"))
+        .json(&stream_body)
+        .send()
+        .expect("stream")
+        .text()
+        .expect("body");
+    let data = sse_data(&text);
+    let mut reports = vec![Value::Null; 12];
+    for d in &data[..data.len() - 1] {
+        let chunk: Value = serde_json::from_str(d).expect("a JSON chunk");
+        for c in chunk["choices"].as_array().unwrap() {
+            if let Some(r) = c.get("nucleus_schema") {
+                assert!(!c["finish_reason"].is_null(), "only on the last chunk: {c}");
+                reports[c["index"].as_u64().unwrap() as usize] = r.clone();
+            }
+        }
+    }
+    for (c, r) in choices.iter().zip(&reports) {
+        assert_eq!(&c["nucleus_schema"], r);
+    }
+
+    // A choice cut by max_tokens before its grammar could end is incomplete.
+    let object = json!({"type": "json_schema", "json_schema": {"name": "o", "schema":
+        {"type": "object", "properties": {"story": {"type": "string"}}, "required": ["story"]}}});
+    let (status, v) = post(
+        &base,
+        "/v1/completions",
+        &json!({"prompt": "Once", "max_tokens": 3, "seed": 1, "response_format": object}),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(
+        v["choices"][0]["nucleus_schema"],
+        json!({"valid": false, "relaxed": [],
+               "error": {"instance_path": "", "message": "incomplete"}})
+    );
+    // No JSON Schema, no verdict.
+    let (status, v) = post(
+        &base,
+        "/v1/completions",
+        &json!({"prompt": "Once", "max_tokens": 3, "structured_outputs": {"regex": "[ab]+"}}),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert!(v["choices"][0].get("nucleus_schema").is_none(), "{v}");
+}
+
+#[test]
+fn a_strict_server_refuses_a_schema_llguidance_cannot_compile_exactly() {
+    let base = start(|c| c.json_schema_mode = nucleus_engine::JsonSchemaMode::Strict);
+    let format = json!({"type": "json_schema", "json_schema": {"name": "digit",
+                        "schema": serde_json::from_str::<Value>(NOT_2_OR_5).unwrap()}});
+    let (status, v) = post(
+        &base,
+        "/v1/completions",
+        &json!({"prompt": "Once", "max_tokens": 8, "response_format": format}),
+    );
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["param"], "response_format", "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("the grammar does not compile: "),
+        "{message}"
+    );
+}

@@ -35,6 +35,7 @@ pub fn start_with(
         max_model_len: context,
         max_body_bytes: 16 << 20,
         api_key: None,
+        json_schema_mode: nucleus_engine::JsonSchemaMode::Relaxed,
     };
     tweak(&mut config);
     let server = Server::start(
