@@ -14,7 +14,8 @@ use std::io::Cursor;
 use std::path::Path;
 
 use nucleus_grammar::{
-    GrammarCompiler, GrammarError, GrammarOptions, GrammarSpec, TokenEnv, MAX_MESSAGE_LINE,
+    GrammarCompiler, GrammarError, GrammarOptions, GrammarSpec, JsonSchemaMode, TokenEnv,
+    MAX_MESSAGE_LINE,
 };
 
 use crate::input::MaxInputBytes;
@@ -236,7 +237,8 @@ impl Grammar {
     }
 
     /// Compiles and runs one grammar. The bytes are: the kind (`% 3`: JSON Schema, regex,
-    /// Lark), the options (`% 3`: at most 8 whitespace characters, none, unbounded), the
+    /// Lark), the options (`% 3`: at most 8 whitespace characters, none, unbounded; `/ 3 % 2`:
+    /// JSON Schema mode strict, relaxed), the
     /// grammar's text (lossy UTF-8, at most [`MAX_FUZZ_GRAMMAR_BYTES`]) and, after a NUL byte,
     /// a text to validate. A grammar that compiles is walked for up to 12 tokens, each chosen
     /// from its mask by the input's bytes, then rolled back to its start.
@@ -259,7 +261,8 @@ impl Grammar {
         };
         let options = GrammarOptions {
             max_whitespace: [Some(8), Some(0), None][usize::from(options % 3)],
-            ..GrammarOptions::default()
+            json_schema_mode: [JsonSchemaMode::Strict, JsonSchemaMode::Relaxed]
+                [usize::from(options / 3 % 2)],
         };
         let compiled = match self.compiler.compile(&spec, &options) {
             Ok(compiled) => compiled,
@@ -322,6 +325,10 @@ impl Grammar {
             let text = String::from_utf8_lossy(text);
             if let Err(e) = nucleus_grammar::validate_text(&self.compiler, &spec, &options, &text) {
                 check_grammar_error(&e);
+            }
+            // The exact validator on the same text: a verdict or a one-line error, no panic.
+            if let Some(Err(e)) = compiled.validate_json(&text) {
+                assert!(!e.message.contains('\n'), "{e}");
             }
         }
         self.compiler.clear_cache();

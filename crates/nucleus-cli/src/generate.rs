@@ -259,8 +259,8 @@ pub struct GenerateArgs {
     /// rejects it (retry r of sample j draws sample index n * r + j of the seed's stream, so it
     /// is deterministic). Completions cut by --max-tokens are not retried. Default 0; at most
     /// 100; an error without --json-schema.
-    #[arg(long, value_name = "N", default_value_t = 0)]
-    pub json_schema_retry: u32,
+    #[arg(long, value_name = "N")]
+    pub json_schema_retry: Option<u32>,
     /// How completions are printed: `text`, or `json` (one object per completion and line).
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
@@ -434,9 +434,10 @@ pub const MAX_JSON_SCHEMA_RETRY: u32 = 100;
 /// schema as given, formats asserted).
 #[derive(Debug, Serialize, Clone, PartialEq, Eq)]
 pub struct SchemaCheck {
-    /// Whether the text is valid under the schema: `false` for a completion cut by
-    /// `--max-tokens` before its grammar could end (message `incomplete`); `null` when the
-    /// validator could give no verdict (`schema_error` says why).
+    /// Whether the text is valid under the schema: `false` for a completion cut (by
+    /// `--max-tokens` or a `--stop` string) before its grammar could end (message
+    /// `incomplete`); `null` when the validator could give no verdict, or the completion failed
+    /// (`schema_error` says why).
     pub schema_valid: Option<bool>,
     /// Why it is not valid: the JSON pointer of the first invalid value (`""` for the whole
     /// text) and the validator's message; `null` when valid.
@@ -466,21 +467,20 @@ impl SchemaCheck {
         text: &str,
         complete: bool,
         retries: u32,
-    ) -> Option<Self> {
-        let verdict = compiled.check_completion(text, complete)?;
-        let (schema_valid, schema_error) = match verdict {
-            Ok(nucleus_grammar::SchemaVerdict::Valid) => (Some(true), None),
-            Ok(nucleus_grammar::SchemaVerdict::Invalid {
+    ) -> Self {
+        let (schema_valid, schema_error) = match compiled.check_completion(text, complete) {
+            None | Some(Ok(nucleus_grammar::SchemaVerdict::Valid)) => (Some(true), None),
+            Some(Ok(nucleus_grammar::SchemaVerdict::Invalid {
                 instance_path,
                 message,
-            }) => (
+            })) => (
                 Some(false),
                 Some(SchemaError {
                     instance_path,
                     message,
                 }),
             ),
-            Err(e) => (
+            Some(Err(e)) => (
                 None,
                 Some(SchemaError {
                     instance_path: String::new(),
@@ -488,12 +488,25 @@ impl SchemaCheck {
                 }),
             ),
         };
-        Some(SchemaCheck {
+        SchemaCheck {
             schema_valid,
             schema_error,
             relaxed: compiled.relaxed().to_vec(),
             schema_retries: retries,
-        })
+        }
+    }
+
+    /// The check of a completion that failed (finish reason `error`): no verdict.
+    fn failed(compiled: &nucleus_grammar::CompiledGrammar, retries: u32) -> Self {
+        SchemaCheck {
+            schema_valid: None,
+            schema_error: Some(SchemaError {
+                instance_path: String::new(),
+                message: "not validated: the completion failed".to_string(),
+            }),
+            relaxed: compiled.relaxed().to_vec(),
+            schema_retries: retries,
+        }
     }
 
     /// Whether a redraw may help: the validator rejected a complete text.
@@ -652,13 +665,15 @@ fn check_flags(args: &GenerateArgs) -> Result<()> {
                 .into(),
         );
     }
-    if args.json_schema.is_none() && args.json_schema_retry > 0 {
+    if args.json_schema.is_none() && args.json_schema_retry.is_some() {
         return usage("--json-schema-retry has no effect without --json-schema".into());
     }
-    if args.json_schema_retry > MAX_JSON_SCHEMA_RETRY {
+    if let Some(retry) = args
+        .json_schema_retry
+        .filter(|&r| r > MAX_JSON_SCHEMA_RETRY)
+    {
         return usage(format!(
-            "--json-schema-retry must be at most {MAX_JSON_SCHEMA_RETRY}, got {}",
-            args.json_schema_retry
+            "--json-schema-retry must be at most {MAX_JSON_SCHEMA_RETRY}, got {retry}"
         ));
     }
     if args.logprobs_mode.is_some() && args.logprobs.is_none() {
@@ -1008,7 +1023,7 @@ pub fn run(args: GenerateArgs) -> Result<ExitCode> {
             .collect(),
     };
 
-    let retry = args.json_schema_retry;
+    let retry = args.json_schema_retry.unwrap_or(0);
     // Retries print whole: a streamed text could not be taken back.
     let streaming = requests.len() == 1 && args.n == 1 && args.format == Format::Text && retry == 0;
     let several = requests.len() > 1 || args.n > 1;
@@ -1105,18 +1120,22 @@ pub fn run(args: GenerateArgs) -> Result<ExitCode> {
             if streaming {
                 write!(out, "{}", step.text)?;
                 out.flush()?;
-            } else {
-                entry.text.push_str(&step.text);
             }
+            // Kept when streamed too: the schema's validator reads the whole text.
+            entry.text.push_str(&step.text);
             let Some(reason) = step.finish else { continue };
             let done = pending.remove(&key).unwrap_or_default();
-            let check = schema.as_ref().and_then(|compiled| {
-                let complete = step.grammar_complete.unwrap_or(false);
-                SchemaCheck::of(compiled, &done.text, complete, attempt)
+            let failed = matches!(reason, FinishReason::Error(_));
+            let check = schema.as_ref().map(|compiled| {
+                if failed {
+                    SchemaCheck::failed(compiled, attempt)
+                } else {
+                    let complete = step.grammar_complete.unwrap_or(false);
+                    SchemaCheck::of(compiled, &done.text, complete, attempt)
+                }
             });
             if let Some(check) = &check {
-                let failed = matches!(reason, FinishReason::Error(_));
-                if attempt < retry && check.retryable() && !failed {
+                if attempt < retry && check.retryable() {
                     let next = attempt + 1;
                     // At most 1024 * 100 + 1023: no overflow.
                     let sample_index = n * next + sample;

@@ -560,3 +560,48 @@ fn generation_under_hand_written_schemas_of_each_relaxed_family() {
         assert_eq!(invalid > 0, family != "dependentRequired", "{family}");
     }
 }
+
+#[test]
+fn a_streamed_completion_is_validated_on_its_whole_text() {
+    // One prompt, --n 1, text output: the text streams to stdout, and the verdict is still
+    // that of the whole text (a valid one gets no stderr line, an invalid one its own).
+    let mut invalid = 0;
+    for seed in 1..=12 {
+        let seed = seed.to_string();
+        let (code, out, err) = generate(&["--json-schema", NOT_2_OR_5, "--seed", &seed, "--quiet"]);
+        assert_eq!(code, 0, "{err}");
+        let text = out.trim_end_matches('\n');
+        let json = completions(&["--json-schema", NOT_2_OR_5, "--seed", &seed]);
+        assert_eq!(json[0]["text"], text, "seed {seed}");
+        if not_2_or_5_valid(text) {
+            assert_eq!(err, "", "seed {seed}");
+        } else {
+            invalid += 1;
+            assert_eq!(
+                err,
+                format!(
+                    "request 0 sample 0: schema invalid at the root: {{\"enum\":[2,5]}} is not \
+                     allowed for {text}\n"
+                ),
+                "seed {seed}"
+            );
+        }
+    }
+    assert!(
+        (1..12).contains(&invalid),
+        "both verdicts among 12 seeds: {invalid}"
+    );
+}
+
+#[test]
+fn json_schema_retry_0_without_a_schema_is_a_usage_error_too() {
+    let (code, out, err) = generate(&["--json-schema-retry", "0"]);
+    assert_eq!(
+        (code, out.as_str(), err.as_str()),
+        (
+            2,
+            "",
+            "error: --json-schema-retry has no effect without --json-schema\n"
+        )
+    );
+}

@@ -11,6 +11,11 @@
 //! request does (lexer states built again). In the batch, the 32 requests start at staggered
 //! positions and roll back.
 //!
+//! `validate/minimind_6400`: the exact final validation of one completion (the `jsonschema`
+//! crate's verdict on the instance, [`CompiledGrammar::validate_json`], validator built), next
+//! to the masks of that whole completion (a new matcher, then a mask fill and a commit per
+//! token): what validating every completion adds to generating it under the schema.
+//!
 //! `cargo bench -p nucleus-grammar --bench mask`; figures in BENCHMARKS.md.
 
 use std::sync::Arc;
@@ -195,8 +200,35 @@ fn bench_env(c: &mut Criterion, name: &str, env: TokenEnv, tokens: Vec<u32>) {
     group.finish();
 }
 
+/// The exact validation of one completion against the masks of the whole completion.
+fn bench_validation(c: &mut Criterion, env: TokenEnv, tokens: &[u32]) {
+    let words = env.bitmask_words();
+    let compiler = GrammarCompiler::new(env).unwrap();
+    let spec = GrammarSpec::JsonSchema(SCHEMA.to_string());
+    let grammar = compiler.compile(&spec, &GrammarOptions::default()).unwrap();
+    assert!(grammar.validate_json(INSTANCE).unwrap().unwrap().is_valid());
+    let mut group = c.benchmark_group("validate/minimind_6400");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("exact_validation", |b| {
+        b.iter(|| grammar.validate_json(std::hint::black_box(INSTANCE)))
+    });
+    group.bench_function("masks_of_the_completion", |b| {
+        let mut row = vec![0u32; words];
+        b.iter(|| {
+            let mut m = grammar.matcher();
+            for &t in tokens {
+                m.fill_bitmask(&mut row).unwrap();
+                m.commit(t).unwrap();
+            }
+            std::hint::black_box(&row);
+        })
+    });
+    group.finish();
+}
+
 fn masks(c: &mut Criterion) {
     let (env, tokens) = minimind();
+    bench_validation(c, env.clone(), &tokens);
     bench_env(c, "minimind_6400", env, tokens);
     let (env, tokens) = cl100k();
     bench_env(c, "cl100k_100277", env, tokens);

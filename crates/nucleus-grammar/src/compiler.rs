@@ -143,7 +143,12 @@ pub enum JsonSchemaMode {
     ///   naming the reported target are dropped (then beside every `$ref`, if needed); where
     ///   llguidance still intersects the target while defining it (a named property with the
     ///   `patternProperties` schema its name matches, an `allOf`), `patternProperties` are
-    ///   dropped as above, and last the `$ref`s to that target themselves.
+    ///   dropped as above, and last the `$ref`s to that target themselves;
+    /// - a `pattern` llguidance's regex syntax cannot parse (look-around, backreferences):
+    ///   dropped where `regex_syntax` refuses it (then every `pattern`, if needed);
+    /// - a number bound llguidance cannot write as a regular expression (`maximum: 1e308`,
+    ///   from about 1e20 in magnitude): dropped, the bound named in its message with the
+    ///   largest magnitude first, one per attempt.
     ///
     /// [`CompiledGrammar::relaxed`] names the families relaxed. A schema that no relaxation
     /// makes compilable is refused as in strict mode, with the last attempt's message.
@@ -200,8 +205,8 @@ impl CompiledGrammar {
     /// The JSON Schema keyword families relaxed to compile this grammar
     /// ([`JsonSchemaMode::Relaxed`]), sorted and without duplicates: keyword names (`not`,
     /// `oneOf`, `uniqueItems`, `dependencies`, `propertyNames`, `patternProperties`, `$ref`
-    /// for a circular reference's siblings, ...), `if/then/else`, `min/maxProperties`, and
-    /// `format:<name>` for each unknown format. Empty when the schema compiled exactly (always
+    /// for a circular reference's siblings, `pattern`, ...), `if/then/else`,
+    /// `min/maxProperties`, `minimum/maximum`, and `format:<name>` for each unknown format. Empty when the schema compiled exactly (always
     /// so in strict mode and for regular expressions and Lark grammars).
     pub fn relaxed(&self) -> &[String] {
         &self.relaxed
@@ -557,6 +562,8 @@ impl GrammarCompiler {
             ref_targets: Vec::new(),
             cut_refs: Vec::new(),
             min_max: 0,
+            bad_patterns: 0,
+            number_bounds: Vec::new(),
         };
         for _ in 0..MAX_RELAXED_ATTEMPTS {
             let mut attempt = plan.apply(&schema);
@@ -614,6 +621,20 @@ impl GrammarCompiler {
                     Some(None) if !plan.cut_refs.contains(&uri) => plan.cut_refs.push(uri),
                     Some(None) => break,
                 }
+            } else if message.contains("regex parse error") && plan.bad_patterns < 2 {
+                // The patterns the regex parser refuses, then every pattern.
+                plan.bad_patterns += 1;
+            } else if message.contains(relax::FLOAT_RANGE) {
+                // One bound per attempt, the largest in magnitude first: a range such as
+                // [-1e308, 3] keeps its maximum of 3 when dropping the minimum suffices.
+                let widest = relax::float_range_bounds(&message)
+                    .into_iter()
+                    .filter(|b| !plan.number_bounds.contains(b))
+                    .max_by(|a, b| a.abs().total_cmp(&b.abs()));
+                match widest {
+                    Some(bound) => plan.number_bounds.push(bound),
+                    None => break,
+                }
             } else if plan.union {
                 // The union did not compile (or matched nothing): let lenient mode drop it.
                 plan.union = false;
@@ -668,8 +689,9 @@ impl GrammarCompiler {
 
 /// The most compile attempts of a relaxed JSON Schema after the exact one (each rewrite step
 /// takes one: the union's fallback, two for patternProperties, two for `$ref` siblings, one
-/// per `$ref` target cut, two for min/maxProperties).
-const MAX_RELAXED_ATTEMPTS: usize = 14;
+/// per `$ref` target cut, two for min/maxProperties, two for patterns, one per number bound
+/// dropped).
+const MAX_RELAXED_ATTEMPTS: usize = 20;
 
 /// Why [`GrammarCompiler::build`] failed: llguidance refused the grammar, or its first steps
 /// failed (a grammar that matches nothing, a lexer limit, no settling in time), which no
@@ -696,6 +718,11 @@ struct Plan {
     /// `minProperties` / `maxProperties`: 0 untouched, 1 dropped beside optional properties,
     /// 2 dropped everywhere.
     min_max: u8,
+    /// `pattern`: 0 untouched, 1 dropped where the regex parser refuses it, 2 dropped
+    /// everywhere.
+    bad_patterns: u8,
+    /// Number bounds llguidance cannot compile, dropped.
+    number_bounds: Vec<f64>,
 }
 
 impl Plan {
@@ -723,6 +750,12 @@ impl Plan {
         if self.min_max > 0 {
             relax::drop_property_counts(&mut schema, self.min_max > 1);
         }
+        if self.bad_patterns > 0 {
+            relax::drop_patterns(&mut schema, self.bad_patterns > 1);
+        }
+        if !self.number_bounds.is_empty() {
+            relax::drop_number_bounds(&mut schema, &self.number_bounds);
+        }
         schema
     }
 
@@ -740,6 +773,12 @@ impl Plan {
         }
         if !self.ref_targets.is_empty() || !self.cut_refs.is_empty() {
             families.insert("$ref".to_string());
+        }
+        if self.bad_patterns > 0 {
+            families.insert("pattern".to_string());
+        }
+        if !self.number_bounds.is_empty() {
+            families.insert("minimum/maximum".to_string());
         }
         families
     }

@@ -163,10 +163,12 @@ impl GrammarError {
     /// [`GrammarError::Compile`] with llguidance's `message` made one line fit for a terminal
     /// ([`one_line`]: llguidance quotes the grammar's lines, which may be megabytes long).
     pub(crate) fn compile(kind: GrammarKind, message: &str) -> Self {
-        GrammarError::Compile {
-            kind,
-            message: one_line(message),
-        }
+        // llguidance names its own option; nucleus's is the JSON Schema mode.
+        let message = one_line(message).replace(
+            "Enable 'coerce_one_of' option to approximate oneOf with anyOf",
+            "JsonSchemaMode::Relaxed (`--json-schema-mode relaxed`) compiles oneOf as anyOf",
+        );
+        GrammarError::Compile { kind, message }
     }
 
     /// [`GrammarError::Matcher`] with llguidance's message cut to its first line: the lines

@@ -203,6 +203,65 @@ pub(crate) fn drop_pattern_properties(schema: &mut Value) -> bool {
     changed
 }
 
+/// `pattern`s llguidance cannot compile (look-around, backreferences: its regular
+/// expressions are the `regex` crate's syntax, which has neither): with `all` false, the
+/// `pattern` keyword is dropped from every schema object where `regex_syntax` refuses its
+/// value; with `all`, from every schema object. Why it only widens: an assertion is dropped,
+/// nothing is added. Returns whether anything was rewritten.
+pub(crate) fn drop_patterns(schema: &mut Value, all: bool) -> bool {
+    let mut changed = false;
+    for_each_schema_object(schema, |object| {
+        let drop = match object.get("pattern") {
+            Some(Value::String(p)) => all || regex_syntax::Parser::new().parse(p).is_err(),
+            Some(_) => all,
+            None => false,
+        };
+        if drop {
+            object.shift_remove("pattern");
+            changed = true;
+        }
+    });
+    changed
+}
+
+/// The bounds named in llguidance's `Failed to generate regex for float range: min=Some(a),
+/// max=Some(b)` (it cannot write a number range with a bound near 1e20 or beyond as a regular
+/// expression).
+pub(crate) fn float_range_bounds(message: &str) -> Vec<f64> {
+    let Some(at) = message.find(FLOAT_RANGE) else {
+        return Vec::new();
+    };
+    message[at + FLOAT_RANGE.len()..]
+        .split("Some(")
+        .skip(1)
+        .filter_map(|rest| rest.split(')').next()?.trim().parse::<f64>().ok())
+        .collect()
+}
+
+/// The start of llguidance's message for a number range it cannot compile.
+pub(crate) const FLOAT_RANGE: &str = "Failed to generate regex for float range";
+
+/// Number bounds llguidance cannot compile: `minimum`, `maximum`, `exclusiveMinimum` and
+/// `exclusiveMaximum` whose value is one of `bounds` are dropped from every schema object.
+/// Why it only widens: assertions are dropped, nothing is added. Returns whether anything was
+/// rewritten.
+pub(crate) fn drop_number_bounds(schema: &mut Value, bounds: &[f64]) -> bool {
+    let mut changed = false;
+    for_each_schema_object(schema, |object| {
+        for key in ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"] {
+            if object
+                .get(key)
+                .and_then(Value::as_f64)
+                .is_some_and(|v| bounds.contains(&v))
+            {
+                object.shift_remove(key);
+                changed = true;
+            }
+        }
+    });
+    changed
+}
+
 /// Whether the `$ref` value `reference` may name the normalised URI `uri` that llguidance
 /// reports (same fragment, and the reference's base, if any, ends the URI's base).
 fn reference_names(reference: &str, uri: &str) -> bool {

@@ -5,7 +5,8 @@
 //!
 //! Semantics are the JSON Schema specification's (drafts 4, 6, 7, 2019-09 and 2020-12), as the
 //! `jsonschema` crate implements them: the draft is the one the schema's `$schema` names,
-//! 2020-12 when it names none; `format` is asserted (`should_validate_formats(true)`: `email`,
+//! 2020-12 when it names none (draft 7 when such a schema is not valid 2020-12, as with
+//! array-form `items`: it was written for an earlier draft); `format` is asserted (`should_validate_formats(true)`: `email`,
 //! `date-time`, `date`, `time`, `uuid`, `ipv4`, `ipv6`, `uri`, ...), unknown `format` values
 //! are annotations that constrain nothing; no reference is ever fetched (no network, no files:
 //! a `$ref` that leaves the document is an error when the validator is built).
@@ -149,15 +150,33 @@ impl SchemaValidator {
                  {MAX_GRAMMAR_DEPTH}"
             )));
         }
-        let built = std::panic::catch_unwind(|| {
-            jsonschema::options()
-                .should_validate_formats(true)
-                .offline()
-                .build(schema)
-        })
-        .map_err(|_| {
-            SchemaValidatorError::new("internal error: building the validator panicked")
-        })?;
+        let build = |draft: Option<jsonschema::Draft>| {
+            std::panic::catch_unwind(|| {
+                let mut options = jsonschema::options();
+                if let Some(draft) = draft {
+                    options = options.with_draft(draft);
+                }
+                options
+                    .should_validate_formats(true)
+                    .offline()
+                    .build(schema)
+            })
+            .map_err(|_| {
+                SchemaValidatorError::new("internal error: building the validator panicked")
+            })
+        };
+        let built = match build(None)? {
+            // A schema that names no draft and is not valid 2020-12 (array-form `items`, a
+            // boolean `exclusiveMaximum`, ...) was most likely written for an earlier draft:
+            // draft 7 is tried before giving up.
+            Err(_) if schema.get("$schema").is_none() && schema.is_object() => {
+                match build(Some(jsonschema::Draft::Draft7))? {
+                    Ok(v) => Ok(v),
+                    Err(_) => build(None)?,
+                }
+            }
+            built => built,
+        };
         let validator = built.map_err(|e| SchemaValidatorError::new(e.to_string()))?;
         Ok(SchemaValidator { validator })
     }

@@ -721,3 +721,96 @@ fn check_completion_is_incomplete_without_validating_or_the_validators_verdict()
         .unwrap();
     assert!(regex.check_completion("5", true).is_none());
 }
+
+#[test]
+fn patterns_llguidance_cannot_parse_are_dropped_and_the_validator_enforces_them() {
+    let c = minimind_compiler();
+    // Look-around: strict refuses it; relaxed drops that pattern only, keeping the other.
+    let schema = json!({"type": "object", "properties": {
+        "a": {"type": "string", "pattern": "^(?!x)[a-z]+$"},
+        "b": {"type": "string", "pattern": "^[0-9]+$"}},
+        "required": ["a", "b"], "additionalProperties": false});
+    assert!(matches!(
+        c.compile(&spec(&schema), &GrammarOptions::default()),
+        Err(GrammarError::Compile { .. })
+    ));
+    let g = c.compile(&spec(&schema), &relaxed()).unwrap();
+    assert_eq!(g.relaxed(), ["pattern"]);
+    // "xy" breaks the dropped pattern: the mask lets it through, the validator does not.
+    let text = r#"{"a":"xy","b":"12"}"#;
+    assert!(mask_accepts(&c, &spec(&schema), &relaxed(), text));
+    assert_eq!(
+        g.validate_json(text).unwrap().unwrap(),
+        invalid("/a", r#""xy" does not match "^(?!x)[a-z]+$""#)
+    );
+    // The kept pattern is still the mask's.
+    assert!(!mask_accepts(
+        &c,
+        &spec(&schema),
+        &relaxed(),
+        r#"{"a":"ab","b":"1x"}"#
+    ));
+    // A backreference.
+    let schema = json!({"type": "string", "pattern": "^(a|b)\\1$"});
+    let g = c.compile(&spec(&schema), &relaxed()).unwrap();
+    assert_eq!(g.relaxed(), ["pattern"]);
+    assert_eq!(
+        g.validate_json(r#""aa""#).unwrap().unwrap(),
+        SchemaVerdict::Valid
+    );
+    assert!(!g.validate_json(r#""ab""#).unwrap().unwrap().is_valid());
+}
+
+#[test]
+fn number_bounds_llguidance_cannot_write_are_dropped_widest_first() {
+    let c = minimind_compiler();
+    let schema = json!({"type": "number", "minimum": -1e308, "maximum": 3});
+    assert!(c
+        .compile(&spec(&schema), &GrammarOptions::default())
+        .is_err());
+    let g = c.compile(&spec(&schema), &relaxed()).unwrap();
+    assert_eq!(g.relaxed(), ["minimum/maximum"]);
+    // The maximum of 3 is kept: dropping the minimum sufficed.
+    assert!(mask_accepts(&c, &spec(&schema), &relaxed(), "-5"));
+    assert!(!mask_accepts(&c, &spec(&schema), &relaxed(), "5"));
+    // Both bounds out of reach: both dropped; the validator keeps them.
+    let schema = json!({"type": "number", "minimum": -1e300, "maximum": 1e300});
+    let g = c.compile(&spec(&schema), &relaxed()).unwrap();
+    assert_eq!(g.validate_json("5").unwrap().unwrap(), SchemaVerdict::Valid);
+    assert_eq!(
+        g.validate_json("2e300").unwrap().unwrap(),
+        invalid("", "2e+300 is greater than the maximum of 1e+300")
+    );
+}
+
+#[test]
+fn a_schema_naming_no_draft_that_is_not_valid_2020_12_is_validated_as_draft_7() {
+    // Array-form `items` (draft 7's tuple) is not a 2020-12 schema.
+    let schema = r#"{"type": "array", "items": [{"type": "integer"}, {"type": "string"}]}"#;
+    assert_eq!(
+        validate_json_instance(schema, r#"[1, "a"]"#).unwrap(),
+        SchemaVerdict::Valid
+    );
+    assert_eq!(
+        validate_json_instance(schema, "[1, 2]").unwrap(),
+        invalid("/1", r#"2 is not of type "string""#)
+    );
+    // Naming 2020-12 explicitly keeps 2020-12, where the schema is invalid: an error.
+    let named = r#"{"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "array", "items": [{"type": "integer"}]}"#;
+    assert!(validate_json_instance(named, "[1]").is_err());
+}
+
+#[test]
+fn the_strict_oneof_message_names_relaxed_mode() {
+    let c = minimind_compiler();
+    let schema = json!({"oneOf": [{"type": "integer"}, {"type": "number"}]});
+    let e = c
+        .compile(&spec(&schema), &GrammarOptions::default())
+        .unwrap_err();
+    let message = e.to_string();
+    assert!(
+        message.contains("`--json-schema-mode relaxed`) compiles oneOf as anyOf")
+            && !message.contains("coerce_one_of"),
+        "{message}"
+    );
+}

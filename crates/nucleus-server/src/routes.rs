@@ -416,11 +416,16 @@ fn grammar_options(state: &AppState) -> nucleus_engine::GrammarOptions {
 }
 
 /// The `nucleus_schema` object of a choice generated under a JSON Schema: `valid` (`false`
-/// with the message `incomplete` for a choice cut by `max_tokens` before its grammar could
-/// end; `null` when the validator could give no verdict), `error` (`{"instance_path",
-/// "message"}` or `null`), `relaxed` (the keyword families relaxed to compile the schema).
-fn schema_report(compiled: &CompiledGrammar, text: &str, complete: bool) -> Value {
-    let (valid, error) = match compiled.check_completion(text, complete) {
+/// with the message `incomplete` for a choice cut by `max_tokens` or a stop string before its
+/// grammar could end; `null` when the validator could give no verdict or the choice failed),
+/// `error` (`{"instance_path", "message"}` or `null`), `relaxed` (the keyword families
+/// relaxed to compile the schema).
+fn schema_report(compiled: &CompiledGrammar, choice: &Choice) -> Value {
+    if choice.error.is_some() {
+        return json!({"valid": null, "relaxed": compiled.relaxed(), "error":
+            {"instance_path": "", "message": "not validated: the completion failed"}});
+    }
+    let (valid, error) = match compiled.check_completion(&choice.text, choice.grammar_complete) {
         None | Some(Ok(SchemaVerdict::Valid)) => (json!(true), Value::Null),
         Some(Ok(SchemaVerdict::Invalid {
             instance_path,
@@ -598,9 +603,7 @@ async fn generate(
         .map(|(i, c)| {
             let prompt = i / parsed.n;
             let finish = c.finish;
-            let report = schema
-                .as_deref()
-                .map(|g| schema_report(g, &c.text, c.grammar_complete));
+            let report = schema.as_deref().map(|g| schema_report(g, &c));
             let mut choice = match endpoint {
                 Endpoint::Completions => {
                     let text = if parsed.echo {
@@ -897,7 +900,7 @@ fn sse_stream(
                 let error = if finished { c.error.clone() } else { None };
                 // The last chunk of a choice under a JSON Schema carries its verdict.
                 let report = match (&s.schema, finished) {
-                    (Some(g), true) => Some(schema_report(g, &c.text, c.grammar_complete)),
+                    (Some(g), true) => Some(schema_report(g, c)),
                     _ => None,
                 };
                 if !delta_text.is_empty() || lp.is_some() || finish.is_some() {
