@@ -509,7 +509,8 @@ impl SchemaCheck {
         }
     }
 
-    /// Whether a redraw may help: the validator rejected a complete text.
+    /// Whether a redraw may help: the validator rejected a complete text (the caller also
+    /// leaves out texts cut by `--max-tokens`).
     fn retryable(&self) -> bool {
         self.schema_valid == Some(false)
             && self
@@ -1112,7 +1113,13 @@ pub fn run(args: GenerateArgs) -> Result<ExitCode> {
                 if let Some(lp) = &step.logprobs {
                     let t = token_logprobs(&tokenizer, before, token, lp);
                     if args.format == Format::Text {
-                        report::note(&logprob_line(index, sample, entry.token_ids.len() - 1, &t));
+                        report::note(&logprob_line(
+                            index,
+                            sample,
+                            attempt,
+                            entry.token_ids.len() - 1,
+                            &t,
+                        ));
                     }
                     entry.logprobs.push(t);
                 }
@@ -1135,7 +1142,9 @@ pub fn run(args: GenerateArgs) -> Result<ExitCode> {
                 }
             });
             if let Some(check) = &check {
-                if attempt < retry && check.retryable() {
+                // A text cut by --max-tokens is not drawn again, even where it could end.
+                let truncated = matches!(reason, FinishReason::Length);
+                if attempt < retry && check.retryable() && !truncated {
                     let next = attempt + 1;
                     // At most 1024 * 100 + 1023: no overflow.
                     let sample_index = n * next + sample;
@@ -1258,8 +1267,19 @@ pub fn run(args: GenerateArgs) -> Result<ExitCode> {
     })
 }
 
-/// One `--logprobs` line on stderr in text output.
-fn logprob_line(request: usize, sample: u32, position: usize, t: &TokenLogprobs) -> String {
+/// One `--logprobs` line on stderr in text output; a draw of `--json-schema-retry` is
+/// `sample J retry R`.
+fn logprob_line(
+    request: usize,
+    sample: u32,
+    retry: u32,
+    position: usize,
+    t: &TokenLogprobs,
+) -> String {
+    let sample = match retry {
+        0 => sample.to_string(),
+        r => format!("{sample} retry {r}"),
+    };
     let shown = |lp: Option<f64>| lp.map_or("-inf".to_string(), |v| format!("{v:.6}"));
     let top: Vec<String> = t
         .top_logprobs

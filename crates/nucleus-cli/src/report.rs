@@ -27,7 +27,7 @@ pub fn error(message: &str) {
 static QUIET: AtomicBool = AtomicBool::new(false);
 
 /// `--quiet`: from now on nothing but errors goes to stderr ([`warning`] and [`note`] write
-/// nothing).
+/// nothing; [`always`] still writes).
 pub fn set_quiet(quiet: bool) {
     QUIET.store(quiet, Ordering::Relaxed);
 }

@@ -605,3 +605,38 @@ fn json_schema_retry_0_without_a_schema_is_a_usage_error_too() {
         )
     );
 }
+
+#[test]
+fn a_completion_cut_by_max_tokens_where_it_could_end_is_validated_and_not_retried() {
+    // 0..=99: after one digit the grammar may end or go on, so --max-tokens 1 cuts every
+    // completion ("length") at a point where its text is complete.
+    let schema = r#"{"type":"integer","minimum":0,"maximum":99,"not":{"enum":[2,5]}}"#;
+    let runs = completions(&[
+        "--json-schema",
+        schema,
+        "--seed",
+        "7",
+        "--n",
+        "40",
+        "--max-tokens",
+        "1",
+        "--json-schema-retry",
+        "5",
+    ]);
+    let mut invalid = 0;
+    for c in &runs {
+        assert_eq!(c["schema_retries"], 0, "{c}");
+        if c["text"] == "0" {
+            // No digit can follow a leading 0: the grammar ended it.
+            assert_eq!(c["finish_reason"], "stop", "{c}");
+            continue;
+        }
+        assert_eq!(c["finish_reason"], "length", "{c}");
+        let text = c["text"].as_str().unwrap();
+        let v: i64 = text.parse().expect("an integer");
+        let valid = v != 2 && v != 5;
+        assert_eq!(c["schema_valid"], valid, "{c}");
+        invalid += usize::from(!valid);
+    }
+    assert!(invalid > 0, "seed 7 draws a 2 or a 5 among 40");
+}

@@ -171,8 +171,9 @@ pub struct StepOutput {
     /// On the step that finishes a sample whose request has a grammar: whether the grammar
     /// could end after the tokens committed (nucleus-grammar's `may_end`; true after EOS and
     /// when the grammar ended the sample). `false` for a sample cut by `max_tokens` or the
-    /// context before its text was complete: such a text cannot match the grammar. `None`
-    /// on other steps and without a grammar.
+    /// context before its text was complete (such a text cannot match the grammar), and for
+    /// one whose text a stop string ended (the text is not the tokens the grammar matched).
+    /// `None` on other steps and without a grammar.
     pub grammar_complete: Option<bool>,
 }
 
@@ -221,6 +222,8 @@ struct Sequence {
     stop_strings: Vec<String>,
     /// [`Request::include_stop_str_in_output`].
     include_stop: bool,
+    /// A stop string ended the text where it matched: the text is not the committed tokens'.
+    cut_by_stop_string: bool,
     /// [`Request::skip_special_tokens`].
     skip_special: bool,
     /// [`Request::chain`], this sample's own clone.
@@ -512,6 +515,7 @@ impl Engine {
                 stops: StopStrings::new(&request.stop_strings),
                 stop_strings: request.stop_strings.clone(),
                 include_stop: request.include_stop_str_in_output,
+                cut_by_stop_string: false,
                 skip_special: request.skip_special_tokens,
                 chain: chain.clone(),
                 matcher: compiled.as_ref().map(|g| g.matcher()),
@@ -825,7 +829,9 @@ impl Engine {
                 }
             }
             if out.finish.is_some() {
-                out.grammar_complete = seq.matcher.as_mut().map(GrammarMatcher::may_end);
+                // A text cut by a stop string is not the tokens the grammar matched.
+                let cut = seq.cut_by_stop_string;
+                out.grammar_complete = seq.matcher.as_mut().map(|m| !cut && m.may_end());
                 finished.push(k);
             }
             outputs.push(out);
@@ -876,6 +882,7 @@ fn advance(
             let check = seq.stops.push(&delta);
             text.push_str(&check.text);
             if check.stopped {
+                seq.cut_by_stop_string = true;
                 if seq.include_stop {
                     text.push_str(check.matched.as_deref().unwrap_or_default());
                 }
@@ -910,6 +917,7 @@ fn finish_sample(
     let check = seq.stops.push(&rest);
     text.push_str(&check.text);
     if check.stopped {
+        seq.cut_by_stop_string = true;
         if seq.include_stop {
             text.push_str(check.matched.as_deref().unwrap_or_default());
         }

@@ -410,3 +410,27 @@ fn a_sample_offset_draws_the_stream_of_that_sample_index() {
         "{err}"
     );
 }
+
+#[test]
+fn a_text_a_stop_string_ended_is_not_grammar_complete() {
+    // The grammar forces "yes"; the stop string "es" ends the text at "y", which is not what
+    // the grammar matched. Without the stop string the same sample is complete.
+    let spec = GrammarSpec::Regex("yes".into());
+    for (stop, text, complete) in [(Some("es"), "y", false), (None, "yes", true)] {
+        let mut e = engine();
+        e.add_request(Request {
+            stop_strings: stop.map(String::from).into_iter().collect(),
+            ..with_grammar(spec.clone(), 1, 100)
+        })
+        .unwrap();
+        let runs = run_samples(&mut e);
+        assert_eq!(runs[&(0, 0)].1, Some(complete), "{stop:?}");
+        let mut e = engine();
+        e.add_request(Request {
+            stop_strings: stop.map(String::from).into_iter().collect(),
+            ..with_grammar(spec.clone(), 1, 100)
+        })
+        .unwrap();
+        assert_eq!(run_to_end(&mut e)[&0].1, text, "{stop:?}");
+    }
+}

@@ -147,8 +147,10 @@ pub enum JsonSchemaMode {
     /// - a `pattern` llguidance's regex syntax cannot parse (look-around, backreferences):
     ///   dropped where `regex_syntax` refuses it (then every `pattern`, if needed);
     /// - a number bound llguidance cannot write as a regular expression (`maximum: 1e308`,
-    ///   from about 1e20 in magnitude): dropped, the bound named in its message with the
-    ///   largest magnitude first, one per attempt.
+    ///   from about 1e20 in magnitude; for integers from about 1e18): dropped, the bound named
+    ///   in its message with the largest magnitude first, one per attempt; bounds beyond the
+    ///   i64 range, on which llguidance's internal overflow check fails, are dropped, and so
+    ///   is a fractional `multipleOf` when that check fails on it (`1e-10`).
     ///
     /// [`CompiledGrammar::relaxed`] names the families relaxed. A schema that no relaxation
     /// makes compilable is refused as in strict mode, with the last attempt's message.
@@ -206,7 +208,8 @@ impl CompiledGrammar {
     /// ([`JsonSchemaMode::Relaxed`]), sorted and without duplicates: keyword names (`not`,
     /// `oneOf`, `uniqueItems`, `dependencies`, `propertyNames`, `patternProperties`, `$ref`
     /// for a circular reference's siblings, `pattern`, ...), `if/then/else`,
-    /// `min/maxProperties`, `minimum/maximum`, and `format:<name>` for each unknown format. Empty when the schema compiled exactly (always
+    /// `min/maxProperties`, `minimum/maximum`, `multipleOf`, and `format:<name>` for each
+    /// unknown format. Empty when the schema compiled exactly (always
     /// so in strict mode and for regular expressions and Lark grammars).
     pub fn relaxed(&self) -> &[String] {
         &self.relaxed
@@ -564,6 +567,8 @@ impl GrammarCompiler {
             min_max: 0,
             bad_patterns: 0,
             number_bounds: Vec::new(),
+            huge_bounds: false,
+            multiple_of: false,
         };
         for _ in 0..MAX_RELAXED_ATTEMPTS {
             let mut attempt = plan.apply(&schema);
@@ -624,10 +629,15 @@ impl GrammarCompiler {
             } else if message.contains("regex parse error") && plan.bad_patterns < 2 {
                 // The patterns the regex parser refuses, then every pattern.
                 plan.bad_patterns += 1;
-            } else if message.contains(relax::FLOAT_RANGE) {
+            } else if message.contains(relax::NEGATE_OVERFLOW) && !plan.huge_bounds {
+                plan.huge_bounds = true;
+            } else if message.contains(relax::MULTIPLY_OVERFLOW) && !plan.multiple_of {
+                plan.multiple_of = true;
+            } else if message.contains(relax::FLOAT_RANGE) || message.contains(relax::INTEGER_RANGE)
+            {
                 // One bound per attempt, the largest in magnitude first: a range such as
                 // [-1e308, 3] keeps its maximum of 3 when dropping the minimum suffices.
-                let widest = relax::float_range_bounds(&message)
+                let widest = relax::range_bounds(&message)
                     .into_iter()
                     .filter(|b| !plan.number_bounds.contains(b))
                     .max_by(|a, b| a.abs().total_cmp(&b.abs()));
@@ -690,8 +700,8 @@ impl GrammarCompiler {
 /// The most compile attempts of a relaxed JSON Schema after the exact one (each rewrite step
 /// takes one: the union's fallback, two for patternProperties, two for `$ref` siblings, one
 /// per `$ref` target cut, two for min/maxProperties, two for patterns, one per number bound
-/// dropped).
-const MAX_RELAXED_ATTEMPTS: usize = 20;
+/// dropped, one each for bounds beyond i64 and fractional `multipleOf`).
+const MAX_RELAXED_ATTEMPTS: usize = 40;
 
 /// Why [`GrammarCompiler::build`] failed: llguidance refused the grammar, or its first steps
 /// failed (a grammar that matches nothing, a lexer limit, no settling in time), which no
@@ -723,6 +733,10 @@ struct Plan {
     bad_patterns: u8,
     /// Number bounds llguidance cannot compile, dropped.
     number_bounds: Vec<f64>,
+    /// Bounds beyond the i64 range dropped.
+    huge_bounds: bool,
+    /// Fractional `multipleOf` dropped.
+    multiple_of: bool,
 }
 
 impl Plan {
@@ -756,6 +770,12 @@ impl Plan {
         if !self.number_bounds.is_empty() {
             relax::drop_number_bounds(&mut schema, &self.number_bounds);
         }
+        if self.huge_bounds {
+            relax::drop_bounds_beyond_i64(&mut schema);
+        }
+        if self.multiple_of {
+            relax::drop_fractional_multiple_of(&mut schema);
+        }
         schema
     }
 
@@ -777,8 +797,11 @@ impl Plan {
         if self.bad_patterns > 0 {
             families.insert("pattern".to_string());
         }
-        if !self.number_bounds.is_empty() {
+        if !self.number_bounds.is_empty() || self.huge_bounds {
             families.insert("minimum/maximum".to_string());
+        }
+        if self.multiple_of {
+            families.insert("multipleOf".to_string());
         }
         families
     }

@@ -226,12 +226,16 @@ pub(crate) fn drop_patterns(schema: &mut Value, all: bool) -> bool {
 
 /// The bounds named in llguidance's `Failed to generate regex for float range: min=Some(a),
 /// max=Some(b)` (it cannot write a number range with a bound near 1e20 or beyond as a regular
-/// expression).
-pub(crate) fn float_range_bounds(message: &str) -> Vec<f64> {
-    let Some(at) = message.find(FLOAT_RANGE) else {
+/// expression) or `... for integer range: ...` (bounds from about 1e18, as llguidance sees
+/// them: rounded to integers and saturated to the i64 range).
+pub(crate) fn range_bounds(message: &str) -> Vec<f64> {
+    let Some(at) = [FLOAT_RANGE, INTEGER_RANGE]
+        .iter()
+        .find_map(|p| message.find(p).map(|at| at + p.len()))
+    else {
         return Vec::new();
     };
-    message[at + FLOAT_RANGE.len()..]
+    message[at..]
         .split("Some(")
         .skip(1)
         .filter_map(|rest| rest.split(')').next()?.trim().parse::<f64>().ok())
@@ -240,23 +244,63 @@ pub(crate) fn float_range_bounds(message: &str) -> Vec<f64> {
 
 /// The start of llguidance's message for a number range it cannot compile.
 pub(crate) const FLOAT_RANGE: &str = "Failed to generate regex for float range";
+/// The start of llguidance's message for an integer range it cannot compile.
+pub(crate) const INTEGER_RANGE: &str = "Failed to generate regex for integer range";
+/// llguidance's internal check that fails on an integer bound at or below -2^63.
+pub(crate) const NEGATE_OVERFLOW: &str = "attempt to negate with overflow";
+/// llguidance's internal check that fails on a tiny `multipleOf` (1e-10).
+pub(crate) const MULTIPLY_OVERFLOW: &str = "attempt to multiply with overflow";
+
+/// The bound keywords of a number or integer schema.
+const BOUNDS: [&str; 4] = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"];
+
+/// Whether the schema's bound `value` is the `named` one of llguidance's message, which may
+/// have rounded it to an integer, moved it by one (exclusive bounds) and saturated it to the
+/// i64 range.
+fn same_bound(value: f64, named: f64) -> bool {
+    let close = |seen: f64| (seen - named).abs() <= (named.abs() * 1e-9).max(1.0);
+    close(value) || close(value.clamp(i64::MIN as f64, i64::MAX as f64))
+}
 
 /// Number bounds llguidance cannot compile: `minimum`, `maximum`, `exclusiveMinimum` and
-/// `exclusiveMaximum` whose value is one of `bounds` are dropped from every schema object.
-/// Why it only widens: assertions are dropped, nothing is added. Returns whether anything was
-/// rewritten.
+/// `exclusiveMaximum` whose value is one of `bounds` (as [`same_bound`] compares them) are
+/// dropped from every schema object. Why it only widens: assertions are dropped, nothing is
+/// added. Returns whether anything was rewritten.
 pub(crate) fn drop_number_bounds(schema: &mut Value, bounds: &[f64]) -> bool {
+    drop_bounds_where(schema, |v| bounds.iter().any(|&b| same_bound(v, b)))
+}
+
+/// Bounds at or beyond 2^63 in magnitude (llguidance's internal check fails on an integer
+/// bound at or below -2^63): dropped from every schema object. Only widens.
+pub(crate) fn drop_bounds_beyond_i64(schema: &mut Value) -> bool {
+    drop_bounds_where(schema, |v| v.abs() >= -(i64::MIN as f64))
+}
+
+fn drop_bounds_where(schema: &mut Value, drop: impl Fn(f64) -> bool) -> bool {
     let mut changed = false;
     for_each_schema_object(schema, |object| {
-        for key in ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"] {
-            if object
-                .get(key)
-                .and_then(Value::as_f64)
-                .is_some_and(|v| bounds.contains(&v))
-            {
+        for key in BOUNDS {
+            if object.get(key).and_then(Value::as_f64).is_some_and(&drop) {
                 object.shift_remove(key);
                 changed = true;
             }
+        }
+    });
+    changed
+}
+
+/// `multipleOf` with a value that is not a whole number (llguidance's internal check fails on
+/// a tiny one, 1e-10): dropped from every schema object. Only widens.
+pub(crate) fn drop_fractional_multiple_of(schema: &mut Value) -> bool {
+    let mut changed = false;
+    for_each_schema_object(schema, |object| {
+        if object
+            .get("multipleOf")
+            .and_then(Value::as_f64)
+            .is_some_and(|v| v.fract() != 0.0)
+        {
+            object.shift_remove("multipleOf");
+            changed = true;
         }
     });
     changed

@@ -166,9 +166,9 @@ impl SchemaValidator {
             })
         };
         let built = match build(None)? {
-            // A schema that names no draft and is not valid 2020-12 (array-form `items`, a
-            // boolean `exclusiveMaximum`, ...) was most likely written for an earlier draft:
-            // draft 7 is tried before giving up.
+            // A schema that names no draft and is not valid 2020-12 (array-form `items`,
+            // `additionalItems` beside it) was most likely written for an earlier draft: draft
+            // 7 is tried before giving up (and its semantics used, `$ref` siblings ignored).
             Err(_) if schema.get("$schema").is_none() && schema.is_object() => {
                 match build(Some(jsonschema::Draft::Draft7))? {
                     Ok(v) => Ok(v),

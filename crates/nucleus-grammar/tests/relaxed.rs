@@ -773,9 +773,13 @@ fn number_bounds_llguidance_cannot_write_are_dropped_widest_first() {
     // The maximum of 3 is kept: dropping the minimum sufficed.
     assert!(mask_accepts(&c, &spec(&schema), &relaxed(), "-5"));
     assert!(!mask_accepts(&c, &spec(&schema), &relaxed(), "5"));
-    // Both bounds out of reach: both dropped; the validator keeps them.
+    // Both bounds out of reach: both dropped (the mask takes any number); the validator keeps
+    // them.
     let schema = json!({"type": "number", "minimum": -1e300, "maximum": 1e300});
     let g = c.compile(&spec(&schema), &relaxed()).unwrap();
+    assert_eq!(g.relaxed(), ["minimum/maximum"]);
+    assert!(mask_accepts(&c, &spec(&schema), &relaxed(), "2e300"));
+    assert!(mask_accepts(&c, &spec(&schema), &relaxed(), "-2e300"));
     assert_eq!(g.validate_json("5").unwrap().unwrap(), SchemaVerdict::Valid);
     assert_eq!(
         g.validate_json("2e300").unwrap().unwrap(),
@@ -813,4 +817,60 @@ fn the_strict_oneof_message_names_relaxed_mode() {
             && !message.contains("coerce_one_of"),
         "{message}"
     );
+}
+
+#[test]
+fn integer_bounds_and_multiples_llguidance_cannot_compile_are_dropped() {
+    let c = minimind_compiler();
+    // From about 1e18 llguidance cannot write an integer range; below -2^63 its internal
+    // overflow check fails; a tiny multipleOf fails it too. Each is dropped alone.
+    for (schema, family, through, still_refused) in [
+        (
+            json!({"type": "integer", "minimum": 1e19}),
+            "minimum/maximum",
+            "1",
+            None,
+        ),
+        (
+            json!({"type": "integer", "minimum": 999_999_999_999_999_999_i64}),
+            "minimum/maximum",
+            "1",
+            None,
+        ),
+        (
+            json!({"type": "integer", "minimum": -1e19, "maximum": 3}),
+            "minimum/maximum",
+            "-20000000000000000000",
+            Some("5"),
+        ),
+        (
+            json!({"type": "number", "multipleOf": 1e-10, "maximum": 2}),
+            "multipleOf",
+            "1.00000000001",
+            Some("3"),
+        ),
+    ] {
+        assert!(
+            c.compile(&spec(&schema), &GrammarOptions::default())
+                .is_err(),
+            "{schema}: strict refuses it"
+        );
+        let g = c.compile(&spec(&schema), &relaxed()).unwrap();
+        assert_eq!(g.relaxed(), [family], "{schema}");
+        assert!(
+            mask_accepts(&c, &spec(&schema), &relaxed(), through),
+            "{schema}"
+        );
+        assert!(
+            !g.validate_json(through).unwrap().unwrap().is_valid(),
+            "{schema}"
+        );
+        // The bounds llguidance can compile stay in the mask.
+        if let Some(text) = still_refused {
+            assert!(
+                !mask_accepts(&c, &spec(&schema), &relaxed(), text),
+                "{schema}: {text}"
+            );
+        }
+    }
 }

@@ -396,6 +396,9 @@ fn prepare(state: &AppState, endpoint: Endpoint, body: &Value) -> Result<Prepare
                 )
             })?;
         if compiled.original_schema().is_some() {
+            // The validator is built here too, off the async runtime (once per grammar: it
+            // compiles the schema's patterns); a schema it cannot take gives `valid: null`.
+            let _ = compiled.validate_json("null");
             schema = Some(compiled);
         }
     }
