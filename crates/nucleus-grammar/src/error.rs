@@ -163,10 +163,12 @@ impl GrammarError {
     /// [`GrammarError::Compile`] with llguidance's `message` made one line fit for a terminal
     /// ([`one_line`]: llguidance quotes the grammar's lines, which may be megabytes long).
     pub(crate) fn compile(kind: GrammarKind, message: &str) -> Self {
-        // llguidance names its own option; nucleus's is the JSON Schema mode.
+        // llguidance names its own option; nucleus's is the JSON Schema mode (the start of
+        // llguidance's sentence is kept).
         let message = one_line(message).replace(
             "Enable 'coerce_one_of' option to approximate oneOf with anyOf",
-            "JsonSchemaMode::Relaxed (`--json-schema-mode relaxed`) compiles oneOf as anyOf",
+            "Enable relaxed mode (`--json-schema-mode relaxed`, JsonSchemaMode::Relaxed) to \
+             compile oneOf as anyOf",
         );
         GrammarError::Compile { kind, message }
     }

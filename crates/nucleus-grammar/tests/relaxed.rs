@@ -813,7 +813,7 @@ fn the_strict_oneof_message_names_relaxed_mode() {
         .unwrap_err();
     let message = e.to_string();
     assert!(
-        message.contains("`--json-schema-mode relaxed`) compiles oneOf as anyOf")
+        message.contains("Enable relaxed mode (`--json-schema-mode relaxed`")
             && !message.contains("coerce_one_of"),
         "{message}"
     );
