@@ -7,6 +7,7 @@
 //! and before the table's first line: a size the machine cannot hold is one `error:` line,
 //! exit status 1, never an abort midway.
 
+pub mod generate;
 pub mod moe;
 pub mod npu_sample;
 pub mod sampling;

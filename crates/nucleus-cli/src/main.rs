@@ -78,6 +78,9 @@ enum BenchCommand {
     /// that hang up mid-stream, a soak with the server's memory sampled; prints Markdown
     /// tables and exits 1 when a request is lost or a check fails.
     Serve(nucleus_cli::bench::serve::BenchServeArgs),
+    /// Time a model's decode loop: load, prefill and decode tokens/s, ms per step against the
+    /// floor of reading its weights once, resident memory; medians over rounds.
+    Generate(nucleus_cli::bench::generate::BenchGenerateArgs),
 }
 
 #[derive(Args, Debug)]
@@ -147,6 +150,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Moe(a)) => Some(a.threads.max(1)),
         // The server it starts is a process of its own, with its own --threads.
         Command::Bench(BenchCommand::Serve(_)) => None,
+        Command::Bench(BenchCommand::Generate(a)) => Some(a.threads.max(1)),
     };
     if let Err(e) = nucleus_engine::threads::configure(explicit) {
         report::error(&e.to_string());
@@ -173,6 +177,10 @@ fn main() -> ExitCode {
         }
         Command::Bench(BenchCommand::Serve(args)) => {
             nucleus_cli::bench::serve::run(&args, &mut Output(std::io::stdout()))
+        }
+        Command::Bench(BenchCommand::Generate(args)) => {
+            nucleus_cli::bench::generate::run(&args, &mut Output(std::io::stdout()))
+                .map(|()| ExitCode::SUCCESS)
         }
         Command::Grammar(GrammarCommand::Validate(args)) => {
             Ok(nucleus_cli::grammar::validate_command(&args))
