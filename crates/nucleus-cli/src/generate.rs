@@ -271,6 +271,10 @@ pub struct GenerateArgs {
     /// prompt (not of the model).
     #[command(flatten)]
     pub limit: InputLimit,
+    /// The KV cache's element type: `f16` (the default, as llama.cpp's; half the memory) or
+    /// `f32` (keys and values exactly as computed).
+    #[arg(long, value_name = "DTYPE", default_value = "f16", value_parser = crate::model::parse_kv_cache_dtype)]
+    pub kv_cache_dtype: nucleus_engine::KvCacheDtype,
     /// `--threads`.
     #[command(flatten)]
     pub threads: crate::threads::Threads,
@@ -1013,7 +1017,14 @@ pub fn run(args: GenerateArgs) -> Result<ExitCode> {
     }
     let config = loaded.model.config().clone();
     let tokenizer = loaded.tokenizer.clone();
-    let mut engine = Engine::new(loaded.model, loaded.tokenizer, EngineConfig::default());
+    let mut engine = Engine::new(
+        loaded.model,
+        loaded.tokenizer,
+        EngineConfig {
+            kv_cache_dtype: args.kv_cache_dtype,
+            ..EngineConfig::default()
+        },
+    );
 
     // (shown prompt text, engine prompt) per request.
     let requests: Vec<(String, Prompt)> = match &chat {
@@ -1063,7 +1074,13 @@ pub fn run(args: GenerateArgs) -> Result<ExitCode> {
     }
     // Before the first step: a run whose KV caches the machine cannot hold is refused here,
     // not aborted midway (a retry takes the place of the sample it redraws).
-    check_kv_cache(&config, &prompt_lens, args.n, max_tokens)?;
+    check_kv_cache(
+        &config,
+        &prompt_lens,
+        args.n,
+        max_tokens,
+        args.kv_cache_dtype,
+    )?;
     // The JSON Schema's compilation, from the engine's cache (add_request compiled it).
     let schema = match (&grammar, args.json_schema.is_some()) {
         (Some(spec), true) => Some(engine.grammar_compiler()?.compile(spec, &grammar_options)?),
@@ -1313,7 +1330,7 @@ fn kv_capacity(prompt: usize, final_len: usize, context: usize) -> usize {
 
 /// Refuses a run whose memory the machine cannot hold, before any step: the KV caches of
 /// every sequence (prompts x `--n`) at their largest, each `positions x n_layer x 2 (K and V)
-/// x n_kv_head x head_dim` f32 values (nucleus-engine's `KvCache` layout; positions: the
+/// x n_kv_head x head_dim` values of `kv_dtype` (nucleus-engine's `KvCache` layout; positions: the
 /// capacity that holds `min(prompt tokens + --max-tokens, context length)`), one sequence's
 /// cache once more (the old storage while it is reallocated), and each sequence's logits row
 /// and attention scores, with a margin; checked by reserving that many bytes at once
@@ -1326,12 +1343,20 @@ pub fn check_kv_cache(
     prompt_lens: &[usize],
     n: usize,
     max_tokens: usize,
+    kv_dtype: nucleus_engine::KvCacheDtype,
 ) -> Result<()> {
     use crate::memory::{can_allocate_checked, gib, with_margin};
     let context = config.context_length;
-    let per_position = [config.n_layer, 2, config.n_kv_head, config.head_dim, 4]
-        .iter()
-        .try_fold(1usize, |p, &f| p.checked_mul(f));
+    let value_bytes = kv_dtype.size_in_bytes();
+    let per_position = [
+        config.n_layer,
+        2,
+        config.n_kv_head,
+        config.head_dim,
+        value_bytes,
+    ]
+    .iter()
+    .try_fold(1usize, |p, &f| p.checked_mul(f));
     let capacities: Vec<usize> = prompt_lens
         .iter()
         .map(|&p| kv_capacity(p, p.saturating_add(max_tokens).min(context), context))
@@ -1385,9 +1410,9 @@ pub fn check_kv_cache(
         "the KV cache of this run needs {}, which cannot be allocated here: {sequences} \
          sequences ({} prompt(s) x --n {n}), each of up to {largest} positions (its prompt \
          tokens + --max-tokens {max_tokens}, within the model's context of {context}) of {} \
-         bytes ({} layers x 2 (K and V) x {} KV heads x {} values x 4 bytes){moe_part}; {} \
-         with the logits, the MoE routing (if any) and a margin. Lower --n, --max-tokens or \
-         the number of prompts",
+         bytes ({} layers x 2 (K and V) x {} KV heads x {} values x {value_bytes} bytes, \
+         --kv-cache-dtype {kv_dtype}){moe_part}; {} with the logits, the MoE routing (if any) \
+         and a margin. Lower --n, --max-tokens or the number of prompts",
         shown(cache),
         prompt_lens.len(),
         per_position.unwrap_or(usize::MAX),

@@ -25,3 +25,13 @@ pub fn resolve(spec: Option<&str>) -> Result<PathBuf> {
     }
     Ok(path)
 }
+
+/// `--kv-cache-dtype f16|f32` of `generate`, `chat`, `serve` and `bench generate`: the element
+/// type of the KV caches ([`nucleus_engine::KvCacheDtype`]; f16 by default, as llama.cpp's
+/// `--cache-type-k/v`).
+///
+/// # Errors
+/// Anything but `f16` or `f32` (clap prints the message and exits 2).
+pub fn parse_kv_cache_dtype(s: &str) -> std::result::Result<nucleus_engine::KvCacheDtype, String> {
+    s.parse()
+}

@@ -53,6 +53,10 @@ pub struct ServeArgs {
     /// `nucleus_schema`.
     #[arg(long, value_enum, value_name = "MODE", default_value_t = crate::grammar::SchemaMode::Relaxed)]
     pub json_schema_mode: crate::grammar::SchemaMode,
+    /// The KV cache's element type: `f16` (the default, as llama.cpp's; half the memory) or
+    /// `f32` (keys and values exactly as computed).
+    #[arg(long, value_name = "DTYPE", default_value = "f16", value_parser = crate::model::parse_kv_cache_dtype)]
+    pub kv_cache_dtype: nucleus_engine::KvCacheDtype,
     /// `--threads`.
     #[command(flatten)]
     pub threads: crate::threads::Threads,
@@ -92,7 +96,14 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
         ))
         .into());
     }
-    let engine = Engine::new(loaded.model, loaded.tokenizer, EngineConfig::default());
+    let engine = Engine::new(
+        loaded.model,
+        loaded.tokenizer,
+        EngineConfig {
+            kv_cache_dtype: args.kv_cache_dtype,
+            ..EngineConfig::default()
+        },
+    );
     let name = args.served_model_name.clone().unwrap_or_else(|| {
         args.model
             .clone()

@@ -244,7 +244,24 @@ fn generate_refuses_a_kv_cache_the_machine_cannot_hold_before_any_work() {
     let out = run_under_ulimit(600_000, &args, None);
     assert_one_error_line(
         &out,
-        "the KV cache of this run needs 21477457920 bytes (20.0 GiB), which cannot be allocated here: 8192 sequences (8 prompt(s) x --n 1024), each of up to 2048 positions",
+        "the KV cache of this run needs 10738728960 bytes (10.0 GiB), which cannot be allocated here: 8192 sequences (8 prompt(s) x --n 1024), each of up to 2048 positions",
+    );
+    assert!(
+        text(&out.stderr).contains("x 2 bytes, --kv-cache-dtype f16)"),
+        "{}",
+        text(&out.stderr)
+    );
+    // An f32 cache takes twice the bytes.
+    args.extend_from_slice(&["--kv-cache-dtype", "f32"]);
+    let out = run_under_ulimit(600_000, &args, None);
+    assert_one_error_line(
+        &out,
+        "the KV cache of this run needs 21477457920 bytes (20.0 GiB), which cannot be allocated here",
+    );
+    assert!(
+        text(&out.stderr).contains("x 4 bytes, --kv-cache-dtype f32)"),
+        "{}",
+        text(&out.stderr)
     );
     assert!(started.elapsed().as_secs() < 10, "{:?}", started.elapsed());
     let out = run_under_ulimit(
@@ -330,7 +347,7 @@ fn a_model_folder_whose_weights_the_machine_cannot_hold_is_one_error_line() {
     );
     assert_one_error_line(&out, "cannot hold the weights of");
     assert!(
-        text(&out.stderr).contains("in f32 (1073741824 bytes)"),
+        text(&out.stderr).contains("(536870912 bytes)"),
         "{}",
         text(&out.stderr)
     );

@@ -30,7 +30,7 @@ use nucleus_sampling::{
 
 use crate::detokenize::{ByteTokens, IncrementalDecoder, StopStrings};
 use crate::error::{EngineError, Result};
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{KvCache, KvCacheDtype};
 use crate::models::{CausalLm, SeqInput};
 use crate::tokenizer::ModelTokenizer;
 
@@ -182,6 +182,9 @@ pub struct StepOutput {
 pub struct EngineConfig {
     /// Return each step's logits row in [`StepOutput::logits`] (tests, debugging).
     pub capture_logits: bool,
+    /// The element type of the sequences' KV caches: f16 by default (as llama.cpp), f32 for
+    /// keys and values exactly as computed ([`KvCacheDtype`]).
+    pub kv_cache_dtype: KvCacheDtype,
 }
 
 /// Token counts and wall time, split into prefill and decode.
@@ -494,7 +497,7 @@ impl Engine {
                 prompt_ids: prompt.clone(),
                 output_ids: Vec::new(),
                 mirostat_mus: Vec::new(),
-                cache: self.model.new_cache(),
+                cache: self.model.new_cache_of(self.config.kv_cache_dtype),
                 pending: if j == 0 {
                     prompt_ids.clone()
                 } else {

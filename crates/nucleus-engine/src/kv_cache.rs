@@ -5,12 +5,17 @@
 //! position of the next token. The scheduler owns the caches; the model owns none.
 //!
 //! # Layout
-//! Per layer, one key and one value tensor, f32, shape `[n_kv_head, capacity, head_dim]`, of which
-//! positions `0..len()` are valid. Keys are stored after RoPE (as llama.cpp stores them). New
+//! Per layer, one key and one value tensor, shape `[n_kv_head, capacity, head_dim]`, of which
+//! positions `0..len()` are valid, in the cache's [`KvCacheDtype`]: f16 (the engine's default,
+//! as llama.cpp's `--cache-type-k/v f16`: half the memory and half the bytes attention reads) or
+//! f32 (exact). Keys are stored after RoPE (as llama.cpp stores them). New
 //! entries are written in place (`Tensor::slice_set`); when the capacity is reached the storage is
 //! reallocated at twice the capacity (at least the needed length, at most the model's context
 //! length), so appending `n` tokens costs `O(n)` amortised and the cache is never re-concatenated.
-//! Attention reads the valid prefix as a view (`narrow`), without a copy.
+//! Attention reads the valid prefix of an f32 cache as a view (`narrow`), without a copy, and
+//! that of an f16 cache converted to f32 in one pass (exact: every f16 value is an f32 value);
+//! new f32 keys and values are rounded to the nearest f16 when written (`half`'s `from_f32`,
+//! round to nearest even; beyond the f16 range they become infinities).
 //! [`KvCache::copies`] counts the times valid positions were copied (growth, copy-on-write).
 //!
 //! # Clones are independent (copy-on-write)
@@ -28,6 +33,67 @@ use std::sync::Arc;
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::{EngineError, Result};
+use crate::models::weight::{convert_half, HalfKind};
+
+/// The element type of a [`KvCache`]'s keys and values.
+///
+/// `F16` is the default of [`crate::EngineConfig`] and of the CLI's `--kv-cache-dtype`, as
+/// llama.cpp's (`--cache-type-k f16 --cache-type-v f16`, `llama_context_params.type_k`); `F32`
+/// keeps the keys and values exactly as computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvCacheDtype {
+    /// IEEE binary16: 2 bytes per value.
+    #[default]
+    F16,
+    /// f32: 4 bytes per value.
+    F32,
+}
+
+impl KvCacheDtype {
+    /// The name used by the CLI and the server: `f16` or `f32`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvCacheDtype::F16 => "f16",
+            KvCacheDtype::F32 => "f32",
+        }
+    }
+
+    /// Bytes per stored value: 2 or 4.
+    pub fn size_in_bytes(self) -> usize {
+        match self {
+            KvCacheDtype::F16 => 2,
+            KvCacheDtype::F32 => 4,
+        }
+    }
+
+    fn dtype(self) -> DType {
+        match self {
+            KvCacheDtype::F16 => DType::F16,
+            KvCacheDtype::F32 => DType::F32,
+        }
+    }
+}
+
+impl std::fmt::Display for KvCacheDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for KvCacheDtype {
+    type Err = String;
+
+    /// `f16` or `f32` (exactly); anything else is an error naming the two.
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "f16" => Ok(KvCacheDtype::F16),
+            "f32" => Ok(KvCacheDtype::F32),
+            other => Err(format!(
+                "unknown KV cache dtype {other:?}: expected f16 or f32"
+            )),
+        }
+    }
+}
 
 /// Smallest capacity (positions) allocated on the first append.
 const MIN_CAPACITY: usize = 16;
@@ -35,9 +101,9 @@ const MIN_CAPACITY: usize = 16;
 /// Key and value storage of all layers, shared between clones until one of them writes.
 #[derive(Debug)]
 struct Storage {
-    /// Per layer: `[n_kv_head, capacity, head_dim]` f32.
+    /// Per layer: `[n_kv_head, capacity, head_dim]` in the cache's dtype.
     k: Vec<Tensor>,
-    /// Per layer: `[n_kv_head, capacity, head_dim]` f32.
+    /// Per layer: `[n_kv_head, capacity, head_dim]` in the cache's dtype.
     v: Vec<Tensor>,
     /// Positions allocated per layer.
     capacity: usize,
@@ -54,6 +120,7 @@ pub struct KvCache {
     n_kv_head: usize,
     head_dim: usize,
     max_len: usize,
+    dtype: KvCacheDtype,
     device: Device,
     len: usize,
     storage: Option<Arc<Storage>>,
@@ -64,15 +131,17 @@ pub struct KvCache {
 impl KvCache {
     /// An empty cache for a model with `n_layer` layers, `n_kv_head` key/value heads of
     /// `head_dim` values each, holding at most `max_len` positions (the model's context length),
-    /// with storage on `device`. Allocates nothing until the first append.
+    /// with values of `dtype` stored on `device`. Allocates nothing until the first append.
     pub fn new(
         n_layer: usize,
         n_kv_head: usize,
         head_dim: usize,
         max_len: usize,
+        dtype: KvCacheDtype,
         device: &Device,
     ) -> Self {
         Self {
+            dtype,
             n_layer,
             n_kv_head,
             head_dim,
@@ -123,6 +192,11 @@ impl KvCache {
     /// The device the storage lives on.
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// The element type of the stored keys and values.
+    pub fn dtype(&self) -> KvCacheDtype {
+        self.dtype
     }
 
     /// How many times this cache copied its valid positions into new storage: on growth past
@@ -185,8 +259,8 @@ impl KvCache {
         let mut k = Vec::with_capacity(self.n_layer);
         let mut v = Vec::with_capacity(self.n_layer);
         for layer in 0..self.n_layer {
-            let new_k = Tensor::zeros(shape, DType::F32, &self.device)?;
-            let new_v = Tensor::zeros(shape, DType::F32, &self.device)?;
+            let new_k = Tensor::zeros(shape, self.dtype.dtype(), &self.device)?;
+            let new_v = Tensor::zeros(shape, self.dtype.dtype(), &self.device)?;
             if let (Some(old), true) = (self.storage.as_ref(), self.len > 0) {
                 let old_k = old.k[layer].narrow(1, 0, self.len)?.contiguous()?;
                 let old_v = old.v[layer].narrow(1, 0, self.len)?.contiguous()?;
@@ -204,10 +278,11 @@ impl KvCache {
     }
 
     /// Writes the keys and values of `n` new positions of layer `layer` at positions
-    /// `len()..len() + n` and returns views of positions `0..len() + n`, each
-    /// `[n_kv_head, len() + n, head_dim]` (not contiguous across heads; fine for `matmul`).
+    /// `len()..len() + n` and returns positions `0..len() + n` as f32, each
+    /// `[n_kv_head, len() + n, head_dim]`: views of an f32 cache (not contiguous across heads;
+    /// fine for `matmul`), a converted copy of an f16 one.
     ///
-    /// `k_new`, `v_new`: `[n_kv_head, n, head_dim]` f32. Call [`KvCache::prepare_append`]`(n)`
+    /// `k_new`, `v_new`: `[n_kv_head, n, head_dim]` f32 (rounded to f16 in an f16 cache). Call [`KvCache::prepare_append`]`(n)`
     /// first and [`KvCache::commit`]`(n)` after the last layer. The returned views alias the
     /// storage: drop them before the next write.
     pub(crate) fn write(
@@ -227,15 +302,22 @@ impl KvCache {
                     "internal: KvCache::write without prepare_append".to_string(),
                 )
             })?;
-        let k_new = k_new.contiguous()?;
-        let v_new = v_new.contiguous()?;
+        let dtype = self.dtype.dtype();
+        let k_new = k_new.to_dtype(dtype)?.contiguous()?;
+        let v_new = v_new.to_dtype(dtype)?.contiguous()?;
         storage.k[layer].slice_set(&k_new, 1, self.len)?;
         storage.v[layer].slice_set(&v_new, 1, self.len)?;
         let total = self.len + n;
-        Ok((
-            storage.k[layer].narrow(1, 0, total)?,
-            storage.v[layer].narrow(1, 0, total)?,
-        ))
+        match self.dtype {
+            KvCacheDtype::F32 => Ok((
+                storage.k[layer].narrow(1, 0, total)?,
+                storage.v[layer].narrow(1, 0, total)?,
+            )),
+            KvCacheDtype::F16 => Ok((
+                f16_prefix_to_f32(&storage.k[layer], total)?,
+                f16_prefix_to_f32(&storage.v[layer], total)?,
+            )),
+        }
     }
 
     /// Marks `n` written positions as valid (after all layers were written).
@@ -256,8 +338,34 @@ impl KvCache {
         let k = storage.k[layer].narrow(1, 0, self.len)?.contiguous()?;
         let v = storage.v[layer].narrow(1, 0, self.len)?.contiguous()?;
         // `contiguous` returns the same storage when the view is already contiguous (one head).
-        Ok(Some((k.copy()?, v.copy()?)))
+        Ok(Some((
+            k.to_dtype(DType::F32)?.copy()?,
+            v.to_dtype(DType::F32)?.copy()?,
+        )))
     }
+}
+
+/// Positions `0..total` of an f16 cache tensor `[n_kv_head, capacity, head_dim]` as a
+/// contiguous f32 tensor `[n_kv_head, total, head_dim]` (exact), converted head by head with
+/// the weights' vectorised f16 conversion.
+fn f16_prefix_to_f32(t: &Tensor, total: usize) -> Result<Tensor> {
+    let (n_kv, capacity, hd) = t.dims3()?;
+    let (storage, layout) = t.storage_and_layout();
+    let candle_core::Storage::Cpu(cpu) = &*storage else {
+        drop(storage);
+        return Ok(t.narrow(1, 0, total)?.to_dtype(DType::F32)?);
+    };
+    let values: &[half::f16] = cpu.as_slice()?;
+    let start = layout.start_offset();
+    let values = &values[start..start + n_kv * capacity * hd];
+    let bits: &[u16] = half::slice::HalfFloatSliceExt::reinterpret_cast(values);
+    let mut out = vec![0f32; n_kv * total * hd];
+    for (h, dst) in out.chunks_exact_mut((total * hd).max(1)).enumerate() {
+        let from = h * capacity * hd;
+        convert_half(HalfKind::F16, &bits[from..from + total * hd], dst);
+    }
+    drop(storage);
+    Ok(Tensor::from_vec(out, (n_kv, total, hd), t.device())?)
 }
 
 #[cfg(test)]
@@ -289,7 +397,7 @@ mod tests {
 
     #[test]
     fn grows_by_doubling_and_keeps_contents() -> Result<()> {
-        let mut cache = KvCache::new(2, 2, 4, 100, &Device::Cpu);
+        let mut cache = KvCache::new(2, 2, 4, 100, KvCacheDtype::F32, &Device::Cpu);
         assert_eq!(cache.capacity(), 0);
         append(&mut cache, 3, 0.0)?;
         assert_eq!(cache.capacity(), MIN_CAPACITY);
@@ -308,7 +416,7 @@ mod tests {
 
     #[test]
     fn capacity_is_capped_at_max_len_and_overflow_is_an_error() -> Result<()> {
-        let mut cache = KvCache::new(1, 1, 2, 20, &Device::Cpu);
+        let mut cache = KvCache::new(1, 1, 2, 20, KvCacheDtype::F32, &Device::Cpu);
         append(&mut cache, 17, 0.0)?;
         assert_eq!(cache.capacity(), 17);
         // Doubling would give 34; the cap is max_len.
@@ -323,7 +431,7 @@ mod tests {
 
     #[test]
     fn write_into_clone_does_not_change_original() -> Result<()> {
-        let mut a = KvCache::new(2, 2, 4, 64, &Device::Cpu);
+        let mut a = KvCache::new(2, 2, 4, 64, KvCacheDtype::F32, &Device::Cpu);
         append(&mut a, 5, 0.0)?;
         let mut b = a.clone();
         let a_before = keys(&a, 0);
@@ -342,7 +450,7 @@ mod tests {
 
     #[test]
     fn truncate_and_reset() -> Result<()> {
-        let mut cache = KvCache::new(1, 1, 2, 64, &Device::Cpu);
+        let mut cache = KvCache::new(1, 1, 2, 64, KvCacheDtype::F32, &Device::Cpu);
         append(&mut cache, 5, 0.0)?;
         cache.truncate(10);
         assert_eq!(cache.len(), 5);

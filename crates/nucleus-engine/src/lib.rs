@@ -77,7 +77,7 @@ pub use engine::{
 pub use error::{EngineError, Result};
 pub use generation_config::GenerationDefaults;
 pub use hub::HubEnv;
-pub use kv_cache::KvCache;
+pub use kv_cache::{KvCache, KvCacheDtype};
 pub use loader::{
     load_gguf, load_gguf_from, load_gguf_tokenizer, load_hf_folder, load_hf_tokenizer, load_model,
     load_tokenizer, load_tokenizer_json, LoadedModel,

@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use nucleus_engine::load_gguf;
-use nucleus_engine::{Device, Engine, EngineConfig, FinishReason, Prompt, Request, SamplingParams};
+use nucleus_engine::{
+    Device, Engine, EngineConfig, FinishReason, KvCacheDtype, Prompt, Request, SamplingParams,
+};
 
 /// The known greedy continuation from BOS (models/README.md).
 const GREEDY_FROM_BOS: &str = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, red ball. She wanted to play with it, but it was too high.";
@@ -17,11 +19,18 @@ fn model_path() -> PathBuf {
 }
 
 fn engine(capture_logits: bool) -> Engine {
+    engine_with(capture_logits, KvCacheDtype::default())
+}
+
+fn engine_with(capture_logits: bool, kv_cache_dtype: KvCacheDtype) -> Engine {
     let loaded = load_gguf(&model_path(), &Device::Cpu).expect("stories260K loads");
     Engine::new(
         loaded.model,
         loaded.tokenizer,
-        EngineConfig { capture_logits },
+        EngineConfig {
+            capture_logits,
+            kv_cache_dtype,
+        },
     )
 }
 
@@ -119,16 +128,28 @@ fn eight_requests() -> Vec<Request> {
         .collect()
 }
 
+/// Batched and alone, the logits differ by f32 rounding in another accumulation order: 1e-4
+/// with an f32 KV cache (the model issues' bound); with an f16 cache (the default) such a
+/// difference may round a key or value to the neighbouring f16 value, 2^-11 relative, which
+/// the following steps carry and grow: 5e-2 (measured: 1.1e-2 at most, at step 36 of these
+/// eight requests, whose tokens stay equal; mixing two sequences' rows moves logits by O(1)).
 #[test]
 fn eight_requests_together_match_each_alone() {
+    for (kv, tol) in [(KvCacheDtype::F32, 1e-4), (KvCacheDtype::F16, 5e-2)] {
+        eight_requests_together_match_each_alone_with(kv, tol);
+    }
+}
+
+fn eight_requests_together_match_each_alone_with(kv: KvCacheDtype, tol: f32) {
+    let mut worst = 0f32;
     let requests = eight_requests();
-    let mut together = engine(true);
+    let mut together = engine_with(true, kv);
     for r in &requests {
         together.add_request(r.clone()).unwrap();
     }
     let batched = run_to_end(&mut together);
     for (i, r) in requests.iter().enumerate() {
-        let mut alone = engine(true);
+        let mut alone = engine_with(true, kv);
         alone.add_request(r.clone()).unwrap();
         let single = run_to_end(&mut alone);
         let (bt, btext, bfin, blogits) = &batched[&(i as u64, 0)];
@@ -143,9 +164,14 @@ fn eight_requests_together_match_each_alone() {
                 .zip(b)
                 .map(|(x, y)| (x - y).abs())
                 .fold(0.0f32, f32::max);
-            assert!(diff <= 1e-4, "request {i} step {step}: max |diff| {diff}");
+            assert!(
+                diff <= tol,
+                "{kv} cache, request {i} step {step}: max |diff| {diff}"
+            );
+            worst = worst.max(diff);
         }
     }
+    println!("{kv} KV cache: batched vs alone, max |logit diff| {worst:e}");
 }
 
 #[test]

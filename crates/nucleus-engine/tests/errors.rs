@@ -302,7 +302,8 @@ fn bad_requests_are_errors_and_change_no_cache() -> Result<()> {
     assert_eq!(cache.len(), 16);
 
     // A cache of another shape.
-    let mut foreign = nucleus_engine::KvCache::new(2, 4, 8, 16, &Device::Cpu);
+    let mut foreign =
+        nucleus_engine::KvCache::new(2, 4, 8, 16, nucleus_engine::KvCacheDtype::F32, &Device::Cpu);
     invalid(
         model.forward(&mut [SeqInput {
             tokens: &[1],

@@ -14,12 +14,14 @@
 use std::fs::File;
 use std::io::{BufReader, Read, Seek};
 use std::path::Path;
+use std::sync::Arc;
 
 use candle_core::quantized::gguf_file;
 use candle_core::Device;
 
 use crate::error::{invalid, EngineError, Result};
 use crate::gguf::md_u64;
+use crate::loader::gguf_model::MappedFiles;
 use crate::loader::LoadedModel;
 use crate::tokenizer::ModelTokenizer;
 
@@ -48,10 +50,26 @@ pub fn load_gguf(path: &Path, device: &Device) -> Result<LoadedModel> {
     let _span = tracing::debug_span!("load_gguf", path = %path.display()).entered();
     let (content, mut reader) = open_gguf(path)?;
     match split_count(&content, path)? {
-        None => load_content(content, &mut reader, path, device),
+        None => {
+            let mapped = MappedFiles {
+                parts: map_file(reader.get_ref(), path)
+                    .map(|m| (0, m))
+                    .into_iter()
+                    .collect(),
+            };
+            load_content(content, &mut reader, Some(&mapped), path, device)
+        }
         Some(count) => {
             let (merged, mut joined) = join_splits(content, reader, path, count)?;
-            load_content(merged, &mut joined, path, device)
+            let mapped = MappedFiles {
+                parts: joined
+                    .files
+                    .iter()
+                    .zip(&joined.bases)
+                    .filter_map(|(file, &base)| Some((base, map_file(file, path)?)))
+                    .collect(),
+            };
+            load_content(merged, &mut joined, Some(&mapped), path, device)
         }
     }
 }
@@ -261,7 +279,22 @@ pub fn load_gguf_from<R: Read + Seek>(
              other splits are",
         ));
     }
-    load_content(content, reader, path, device)
+    load_content(content, reader, None, path, device)
+}
+
+/// A read-only map of `file` with its pages read in (`MAP_POPULATE`, as llama.cpp maps its
+/// models), or `None` (logged) when it cannot be mapped: the tensors are then read.
+fn map_file(file: &File, path: &Path) -> Option<Arc<memmap2::Mmap>> {
+    // SAFETY: the map is read-only; as with every engine that maps its weights (llama.cpp,
+    // candle, safetensors), another process truncating or rewriting the file while it is
+    // loaded is outside the contract.
+    match unsafe { memmap2::MmapOptions::new().populate().map(file) } {
+        Ok(map) => Some(Arc::new(map)),
+        Err(e) => {
+            tracing::debug!(path = %path.display(), error = %e, "cannot map the file; reading it");
+            None
+        }
+    }
 }
 
 /// The tokenizer of a parsed GGUF description, errors naming `path`.
@@ -291,11 +324,12 @@ pub fn load_gguf_tokenizer(path: &Path) -> Result<ModelTokenizer> {
 fn load_content<R: Read + Seek>(
     content: gguf_file::Content,
     reader: &mut R,
+    mapped: Option<&MappedFiles>,
     path: &Path,
     device: &Device,
 ) -> Result<LoadedModel> {
     let mut model =
-        crate::loader::gguf_model::transformer_from_gguf(&content, reader, path, device)?;
+        crate::loader::gguf_model::transformer_from_gguf(&content, reader, mapped, path, device)?;
     let tokenizer = tokenizer_of(&content, path)?;
     let n_tokens = tokenizer.tokenizer.get_vocab_size(false);
     let vocab_size = model.config().vocab_size;

@@ -6,14 +6,17 @@
 
 use std::io::{Read, Seek};
 use std::path::Path;
+use std::sync::Arc;
 
 use candle_core::quantized::ggml_file::qtensor_from_ggml;
-use candle_core::quantized::{gguf_file, QMatMul, QTensor};
+use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::{candle_message, invalid, quote, EngineError, Result};
 use crate::gguf::{md_f64, md_str, md_usize};
+use crate::models::mapped_quant::mapped_qtensor;
 use crate::models::transformer::{FeedForward, LayerWeights, Linear, Mlp, ModelConfig, Weights};
+use crate::models::weight::{HalfKind, HalfMatrix, Weight};
 use crate::models::{MoeConfig, RopeConfig, RopeLayout, RopeScaling, SparseMoe, Transformer};
 
 /// The GGUF architectures [`transformer_from_gguf`] maps onto the transformer.
@@ -58,6 +61,7 @@ pub const SUPPORTED_ARCHS: [&str; 4] = ["llama", "qwen2", "qwen3", "qwen3moe"];
 pub(crate) fn transformer_from_gguf<R: Read + Seek>(
     content: &gguf_file::Content,
     reader: &mut R,
+    mapped: Option<&MappedFiles>,
     path: &Path,
     device: &Device,
 ) -> Result<Transformer> {
@@ -229,14 +233,14 @@ pub(crate) fn transformer_from_gguf<R: Read + Seek>(
 
     let loader = TensorLoader {
         content,
+        mapped,
         path,
         device,
         used: Default::default(),
     };
     // The embedding fixes the vocabulary size.
-    let token_embd_q = loader.load(reader, "token_embd.weight", None, hidden_size)?;
-    let vocab_size = token_embd_q.shape().dims()[0];
-    let token_embd = loader.matmul(token_embd_q, "token_embd.weight")?;
+    let token_embd = loader.weight(reader, "token_embd.weight", None, hidden_size)?;
+    let vocab_size = token_embd.dims().0;
 
     let q_rows = n_head * head_dim;
     let kv_rows = n_kv_head * head_dim;
@@ -258,16 +262,13 @@ pub(crate) fn transformer_from_gguf<R: Read + Seek>(
         let name = |t: &str| format!("blk.{i}.{t}.weight");
         let mut linear = |t: &str, rows: usize, cols: usize, bias: bool| -> Result<Linear> {
             let name = name(t);
-            let q = loader.load(reader, &name, Some(rows), cols)?;
+            let weight = loader.weight(reader, &name, Some(rows), cols)?;
             let bias = if bias {
                 Some(loader.load_1d(reader, &format!("blk.{i}.{t}.bias"), rows)?)
             } else {
                 None
             };
-            Ok(Linear {
-                weight: loader.matmul(q, &name)?,
-                bias,
-            })
+            Ok(Linear { weight, bias })
         };
         let attn_q = linear("attn_q", q_rows, hidden_size, qkv_bias)?;
         let attn_k = linear("attn_k", kv_rows, hidden_size, qkv_bias)?;
@@ -370,8 +371,7 @@ pub(crate) fn transformer_from_gguf<R: Read + Seek>(
     }
     let output_norm = loader.norm(reader, "output_norm.weight", hidden_size)?;
     let output = if content.tensor_infos.contains_key("output.weight") {
-        let q = loader.load(reader, "output.weight", Some(vocab_size), hidden_size)?;
-        Some(loader.matmul(q, "output.weight")?)
+        Some(loader.weight(reader, "output.weight", Some(vocab_size), hidden_size)?)
     } else {
         None
     };
@@ -478,9 +478,33 @@ fn md_result<T>(path: &Path, r: std::result::Result<T, String>) -> Result<T> {
     r.map_err(|m| invalid(path, m))
 }
 
+/// The memory maps of a GGUF model's files, for [`transformer_from_gguf`]: each file's map
+/// with the offset of its first byte in the file (one file: 0) or in the splits joined end to
+/// end (`crate::loader::gguf`'s `join_splits`), the offsets the tensor descriptions use.
+#[derive(Debug, Default)]
+pub(crate) struct MappedFiles {
+    /// `(base, map)`, by increasing base.
+    pub parts: Vec<(u64, Arc<memmap2::Mmap>)>,
+}
+
+impl MappedFiles {
+    /// The map holding the bytes `start..start + len` of the model's files and the offset of
+    /// `start` in it; `None` when no single map holds them all.
+    fn locate(&self, start: u64, len: u64) -> Option<(&Arc<memmap2::Mmap>, usize)> {
+        let i = self.parts.partition_point(|(base, _)| *base <= start);
+        let (base, map) = self.parts.get(i.checked_sub(1)?)?;
+        let offset = start - base;
+        let end = offset.checked_add(len)?;
+        (end <= map.len() as u64).then_some((map, usize::try_from(offset).ok()?))
+    }
+}
+
 /// Reads tensors with the checks of [`Transformer::from_gguf`].
 struct TensorLoader<'a> {
     content: &'a gguf_file::Content,
+    /// The file's maps, when it was memory-mapped: f16 / bf16 matrices are then used in place
+    /// and quantized ones copied straight from the map.
+    mapped: Option<&'a MappedFiles>,
     path: &'a Path,
     device: &'a Device,
     /// The tensors read so far: every tensor of the file must be one of the model's.
@@ -491,13 +515,12 @@ impl TensorLoader<'_> {
     /// Reads the 2-D tensor `name`, checking it has `rows` rows (any when `None`, but at least
     /// one) of `cols` values, that quantized rows are whole blocks, and that its data lies
     /// within the file.
-    fn load<R: Read + Seek>(
+    fn check_2d(
         &self,
-        reader: &mut R,
         name: &str,
         rows: Option<usize>,
         cols: usize,
-    ) -> Result<QTensor> {
+    ) -> Result<&gguf_file::TensorInfo> {
         let info = self.info(name)?;
         let dims = info.shape.dims();
         let ok = matches!(dims, [r, c] if *c == cols && rows.map_or(*r > 0, |rows| *r == rows));
@@ -522,7 +545,103 @@ impl TensorLoader<'_> {
                 ),
             ));
         }
-        self.read(reader, name, dims)
+        Ok(info)
+    }
+
+    /// The 2-D matrix `name` (the checks of [`TensorLoader::check_2d`]) as a [`Weight`] in
+    /// its stored type: f16 / bf16 as a [`HalfMatrix`] (in place in the file's map when it is
+    /// mapped, else read), other types with candle's `QMatMul` (quantized blocks copied once
+    /// from the map, whose pages are then released, or read).
+    fn weight<R: Read + Seek>(
+        &self,
+        reader: &mut R,
+        name: &str,
+        rows: Option<usize>,
+        cols: usize,
+    ) -> Result<Weight> {
+        let info = self.check_2d(name, rows, cols)?;
+        let dims = info.shape.dims().to_vec();
+        let rows = dims[0];
+        let bytes = self.byte_size(name, &dims)?;
+        let start = self.content.tensor_data_offset.checked_add(info.offset);
+        let located = start.and_then(|s| self.mapped?.locate(s, bytes as u64));
+        if let Some(kind) = half_kind(info.ggml_dtype) {
+            if let Some((map, offset)) = located {
+                if let Some(h) = HalfMatrix::mapped(kind, map.clone(), offset, rows, cols) {
+                    self.used.borrow_mut().insert(name.to_string());
+                    return Ok(Weight::Half(h));
+                }
+            }
+            let q = self.read(reader, name, &dims)?;
+            let data = q.data().map_err(|e| {
+                invalid(
+                    self.path,
+                    format!("tensor `{name}`: {}", candle_message(&e)),
+                )
+            })?;
+            return Ok(Weight::Half(HalfMatrix::from_le_bytes(
+                kind, &data, rows, cols,
+            )));
+        }
+        if let Some((map, offset)) = located {
+            if let Some(q) = mapped_qtensor(info.ggml_dtype, map, offset, bytes, &dims) {
+                self.used.borrow_mut().insert(name.to_string());
+                let m = self.matmul(q, name)?;
+                self.warm_up(&m, cols, name)?;
+                release(map, offset, bytes);
+                return Ok(Weight::Candle(m));
+            }
+        }
+        let q = match located {
+            Some((map, offset)) => {
+                self.used.borrow_mut().insert(name.to_string());
+                let q = qtensor_from_ggml(
+                    info.ggml_dtype,
+                    &map[offset..offset + bytes],
+                    dims.clone(),
+                    self.device,
+                )
+                .map_err(|e| {
+                    invalid(
+                        self.path,
+                        format!("tensor `{name}`: {}", candle_message(&e)),
+                    )
+                })?;
+                release(map, offset, bytes);
+                q
+            }
+            None => self.read(reader, name, &dims)?,
+        };
+        Ok(Weight::Candle(self.matmul(q, name)?))
+    }
+
+    /// Runs one row of zeros through a quantized matrix read in place, so that candle packs
+    /// it now if it packs it for one row (its x86 tiles), before its mapped pages are released.
+    fn warm_up(&self, m: &QMatMul, cols: usize, name: &str) -> Result<()> {
+        use candle_core::Module;
+        let x = Tensor::zeros((1, cols), DType::F32, self.device)?;
+        m.forward(&x).map(drop).map_err(|e| {
+            invalid(
+                self.path,
+                format!("tensor `{name}`: {}", candle_message(&e)),
+            )
+        })
+    }
+
+    /// The bytes of tensor `name` of shape `dims`, checked not to overflow.
+    fn byte_size(&self, name: &str, dims: &[usize]) -> Result<usize> {
+        let info = self.info(name)?;
+        dims.iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+            .and_then(|e| {
+                (e / info.ggml_dtype.block_size()).checked_mul(info.ggml_dtype.type_size())
+            })
+            .ok_or_else(|| {
+                invalid(
+                    self.path,
+                    format!("tensor `{name}` of shape {dims:?} is too large"),
+                )
+            })
     }
 
     /// Reads the 3-D expert tensor `name` (`[experts, rows, cols]` as candle reports it: ggml's
@@ -536,7 +655,7 @@ impl TensorLoader<'_> {
         experts: usize,
         rows: usize,
         cols: usize,
-    ) -> Result<Vec<QMatMul>> {
+    ) -> Result<Vec<Weight>> {
         let info = self.info(name)?;
         let dims = info.shape.dims();
         if dims != [experts, rows, cols] {
@@ -556,16 +675,67 @@ impl TensorLoader<'_> {
                 ),
             ));
         }
-        let q = self.read(reader, name, dims)?;
-        let data = q.data().map_err(|e| {
-            invalid(
-                self.path,
-                format!("tensor `{name}`: {}", candle_message(&e)),
-            )
-        })?;
-        let per = data.len() / experts;
-        (0..experts)
+        let bytes = self.byte_size(name, dims)?;
+        let per = bytes / experts;
+        let start = self.content.tensor_data_offset.checked_add(info.offset);
+        let located = start.and_then(|s| self.mapped?.locate(s, bytes as u64));
+        if let (Some(kind), Some((map, offset))) = (half_kind(dtype), located) {
+            let halves = (0..experts)
+                .map(|e| HalfMatrix::mapped(kind, map.clone(), offset + e * per, rows, cols))
+                .collect::<Option<Vec<_>>>();
+            if let Some(halves) = halves {
+                self.used.borrow_mut().insert(name.to_string());
+                return Ok(halves.into_iter().map(Weight::Half).collect());
+            }
+        }
+        if let Some((map, offset)) = located {
+            let mapped = (0..experts)
+                .map(|e| mapped_qtensor(dtype, map, offset + e * per, per, &[rows, cols]))
+                .collect::<Option<Vec<_>>>();
+            if let Some(mapped) = mapped {
+                self.used.borrow_mut().insert(name.to_string());
+                let weights = mapped
+                    .into_iter()
+                    .map(|q| {
+                        let m = self.matmul(q, name)?;
+                        self.warm_up(&m, cols, name)?;
+                        Ok(Weight::Candle(m))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                release(map, offset, bytes);
+                return Ok(weights);
+            }
+        }
+        let read;
+        let data: &[u8] = match located {
+            Some((map, offset)) => {
+                self.used.borrow_mut().insert(name.to_string());
+                &map[offset..offset + bytes]
+            }
+            None => {
+                let q = self.read(reader, name, dims)?;
+                read = q
+                    .data()
+                    .map_err(|e| {
+                        invalid(
+                            self.path,
+                            format!("tensor `{name}`: {}", candle_message(&e)),
+                        )
+                    })?
+                    .into_owned();
+                &read
+            }
+        };
+        let weights = (0..experts)
             .map(|e| {
+                if let Some(kind) = half_kind(dtype) {
+                    return Ok(Weight::Half(HalfMatrix::from_le_bytes(
+                        kind,
+                        &data[e * per..(e + 1) * per],
+                        rows,
+                        cols,
+                    )));
+                }
                 let part = qtensor_from_ggml(
                     dtype,
                     &data[e * per..(e + 1) * per],
@@ -578,9 +748,13 @@ impl TensorLoader<'_> {
                         format!("tensor `{name}`, expert {e}: {}", candle_message(&err)),
                     )
                 })?;
-                self.matmul(part, name)
+                Ok(Weight::Candle(self.matmul(part, name)?))
             })
-            .collect()
+            .collect::<Result<Vec<_>>>()?;
+        if let Some((map, offset)) = located {
+            release(map, offset, bytes);
+        }
+        Ok(weights)
     }
 
     /// Reads the 1-D tensor `name` of `len` values as an f32 tensor.
@@ -643,5 +817,36 @@ impl TensorLoader<'_> {
                 format!("tensor `{name}`: {}", candle_message(&e)),
             )
         })
+    }
+}
+
+/// The [`HalfKind`] of a 16-bit float ggml type.
+fn half_kind(dtype: GgmlDType) -> Option<HalfKind> {
+    match dtype {
+        GgmlDType::F16 => Some(HalfKind::F16),
+        GgmlDType::BF16 => Some(HalfKind::Bf16),
+        _ => None,
+    }
+}
+
+/// Releases the pages of `map` under `offset..offset + len` once their bytes were copied out
+/// (quantized blocks), so the copy is the one the process keeps resident; the file's bytes stay
+/// readable (read-only file-backed pages are read again from the page cache if touched).
+fn release(map: &memmap2::Mmap, offset: usize, len: usize) {
+    // Whole pages only: the pages shared with a neighbouring tensor that is used in place stay.
+    let page = 4096;
+    let base = map.as_ptr() as usize;
+    let first = (base + offset).next_multiple_of(page) - base;
+    let last = (base + offset + len) / page * page - base;
+    if last > first {
+        // SAFETY: DontNeed on a read-only private file mapping drops our page-table entries;
+        // later reads of those pages see the file's bytes again (nothing was written to them),
+        // so no reference into the map is invalidated.
+        let r = unsafe {
+            map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, first, last - first)
+        };
+        if let Err(e) = r {
+            tracing::debug!(error = %e, "madvise(DONTNEED) on a copied tensor failed");
+        }
     }
 }

@@ -56,7 +56,6 @@
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use candle_core::quantized::QMatMul;
 use candle_core::safetensors::{Load, MmapedSafetensors};
 use candle_core::{DType, Device, Tensor};
 use serde_json::{json, Value};
@@ -66,6 +65,7 @@ use crate::error::{bounded, candle_message, invalid, quote, shown_path, EngineEr
 use crate::loader::LoadedModel;
 use crate::models::rope::yarn_mscale;
 use crate::models::transformer::{FeedForward, LayerWeights, Linear, Mlp, ModelConfig, Weights};
+use crate::models::weight::Weight;
 use crate::models::{MoeConfig, RopeConfig, RopeLayout, RopeScaling, SparseMoe, Transformer};
 use crate::tokenizer::{bos_eos_template, eog_ids_by_text, ModelTokenizer, TokenizerKind};
 
@@ -1181,11 +1181,12 @@ impl TensorReader<'_> {
         self.get(name).is_some()
     }
 
-    /// Reserves (and releases) the memory the f32 weights will take, so that a checkpoint the
-    /// machine cannot hold is an error before any tensor is converted (an allocation failing
-    /// inside candle would abort the process): 4 bytes per element of every tensor the
-    /// checkpoint routes, plus the largest tensor in its file's dtype (the conversion's
-    /// intermediate).
+    /// Reserves (and releases) the memory the weights will take, so that a checkpoint the
+    /// machine cannot hold is an error before any tensor is read (an allocation failing
+    /// inside candle would abort the process): every tensor the checkpoint routes at its
+    /// stored size (matrices stay f16 / bf16; vectors become f32, at most twice their stored
+    /// size, counted as 4 bytes per element), plus twice the largest tensor in its file's
+    /// dtype (the read and the conversion's intermediate).
     fn check_memory(&self) -> Result<()> {
         let mut total: u64 = 0;
         let mut largest: u64 = 0;
@@ -1198,9 +1199,14 @@ impl TensorReader<'_> {
                 .iter()
                 .try_fold(1u64, |a, &d| a.checked_mul(d as u64))
                 .unwrap_or(u64::MAX);
-            total = total.saturating_add(elems.saturating_mul(4));
-            largest =
-                largest.max(elems.saturating_mul((view.dtype().bitsize() as u64).div_ceil(8)));
+            let stored = elems.saturating_mul((view.dtype().bitsize() as u64).div_ceil(8));
+            let kept = if view.shape().len() >= 2 {
+                stored
+            } else {
+                elems.saturating_mul(4)
+            };
+            total = total.saturating_add(kept);
+            largest = largest.max(stored.saturating_mul(2));
         }
         let bytes = total.saturating_add(largest);
         let fits = usize::try_from(bytes)
@@ -1209,7 +1215,7 @@ impl TensorReader<'_> {
         if !fits {
             return Err(EngineError::OutOfMemory {
                 what: format!(
-                    "the weights of {} in f32 ({} bytes) and one tensor's conversion",
+                    "the weights of {} ({} bytes) and one tensor's conversion",
                     shown_path(self.dir),
                     total
                 ),
@@ -1221,6 +1227,17 @@ impl TensorReader<'_> {
 
     /// The tensor `name` of shape `shape` as f32.
     fn read(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        Ok(self.read_stored(name, shape)?.to_dtype(DType::F32)?)
+    }
+
+    /// The matrix `name` of shape `[rows, cols]` in its stored type ([`Weight::from_tensor`]:
+    /// f16 and bf16 stay 16-bit).
+    fn read_weight(&self, name: &str, rows: usize, cols: usize) -> Result<Weight> {
+        Weight::from_tensor(self.read_stored(name, &[rows, cols])?)
+    }
+
+    /// The tensor `name` of shape `shape` in its stored dtype (f32, f16 or bf16).
+    fn read_stored(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
         let view = self.get(name).ok_or_else(|| {
             let message = match self.index.and_then(|i| i.get(name)) {
                 Some(file) => format!(
@@ -1256,26 +1273,22 @@ impl TensorReader<'_> {
             ));
         }
         let file = &self.files[self.routing[name]];
-        let t = view.load(self.device).map_err(|e| {
+        view.load(self.device).map_err(|e| {
             invalid(
                 file,
                 format!("tensor {}: {}", quote(name.as_bytes()), candle_message(&e)),
             )
-        })?;
-        Ok(t.to_dtype(DType::F32)?)
+        })
     }
 
     fn linear(&self, prefix: &str, out: usize, inp: usize, bias: bool) -> Result<Linear> {
-        let weight = self.read(&format!("{prefix}.weight"), &[out, inp])?;
+        let weight = self.read_weight(&format!("{prefix}.weight"), out, inp)?;
         let bias = if bias {
             Some(self.read(&format!("{prefix}.bias"), &[out])?)
         } else {
             None
         };
-        Ok(Linear {
-            weight: QMatMul::Tensor(weight),
-            bias,
-        })
+        Ok(Linear { weight, bias })
     }
 
     /// The checkpoint's tensors that were not read, sorted (`rotary_emb.inv_freq` buffers of
@@ -1300,7 +1313,7 @@ fn read_weights(r: &TensorReader<'_>, config: &mut ModelConfig) -> Result<Weight
     if let Some(view) = r.get(embed_name) {
         config.weight_dtype = format!("{:?}", view.dtype()).to_lowercase();
     }
-    let embed = r.read(embed_name, &[c.vocab_size, c.hidden_size])?;
+    let embed = r.read_weight(embed_name, c.vocab_size, c.hidden_size)?;
     let q_rows = c.n_head * c.head_dim;
     let kv_rows = c.n_kv_head * c.head_dim;
     let mut layers = Vec::with_capacity(c.n_layer.min(1024));
@@ -1352,8 +1365,8 @@ fn read_weights(r: &TensorReader<'_>, config: &mut ModelConfig) -> Result<Weight
         }
         None
     } else {
-        Some(QMatMul::Tensor(
-            r.read("lm_head.weight", &[c.vocab_size, c.hidden_size])
+        Some(
+            r.read_weight("lm_head.weight", c.vocab_size, c.hidden_size)
                 .map_err(|e| match e {
                     EngineError::InvalidModel { path, message }
                         if message.starts_with("missing") =>
@@ -1368,10 +1381,10 @@ fn read_weights(r: &TensorReader<'_>, config: &mut ModelConfig) -> Result<Weight
                     }
                     other => other,
                 })?,
-        ))
+        )
     };
     Ok(Weights {
-        embed: QMatMul::Tensor(embed),
+        embed,
         layers,
         norm,
         lm_head,
@@ -1401,9 +1414,11 @@ fn read_moe(
 ) -> Result<SparseMoe> {
     let (e, inter) = (moe.num_experts, moe.moe_intermediate_size);
     let router = r.linear(&format!("{prefix}.gate"), e, hidden, false)?;
-    let linear = |t: Tensor| Linear {
-        weight: QMatMul::Tensor(t),
-        bias: None,
+    let linear = |t: Tensor| -> Result<Linear> {
+        Ok(Linear {
+            weight: Weight::from_tensor(t)?,
+            bias: None,
+        })
     };
     let fused = format!("{prefix}.experts.gate_up_proj");
     let fused_down = format!("{prefix}.experts.down_proj");
@@ -1432,15 +1447,15 @@ fn read_moe(
         ));
     }
     let experts = if r.has(&fused) {
-        let gate_up = r.read(&fused, &[e, 2 * inter, hidden])?;
-        let down = r.read(&fused_down, &[e, hidden, inter])?;
+        let gate_up = r.read_stored(&fused, &[e, 2 * inter, hidden])?;
+        let down = r.read_stored(&fused_down, &[e, hidden, inter])?;
         (0..e)
             .map(|x| -> Result<Mlp> {
                 let gu = gate_up.get(x)?; // [2I, H]
                 Ok(Mlp {
-                    gate: linear(gu.narrow(0, 0, inter)?.contiguous()?),
-                    up: linear(gu.narrow(0, inter, inter)?.contiguous()?),
-                    down: linear(down.get(x)?.contiguous()?),
+                    gate: linear(gu.narrow(0, 0, inter)?.contiguous()?)?,
+                    up: linear(gu.narrow(0, inter, inter)?.contiguous()?)?,
+                    down: linear(down.get(x)?.contiguous()?)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?

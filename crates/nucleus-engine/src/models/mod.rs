@@ -14,14 +14,16 @@
 //! MiniMind-3 and MiniMind2, GGUF `qwen3moe`, routed through nucleus-moe's operators). A new
 //! family is a config mapping in a loader.
 
+pub(crate) mod mapped_quant;
 pub mod moe;
 pub mod rope;
 pub mod transformer;
+pub(crate) mod weight;
 
 use candle_core::{Device, Tensor};
 
 use crate::error::Result;
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{KvCache, KvCacheDtype};
 
 pub use moe::{moe_routing_bytes, ExpertWeights, MoeConfig, MoeScratch, SparseMoe};
 pub use rope::{RopeConfig, RopeLayout, RopeScaling};
@@ -38,8 +40,14 @@ pub trait CausalLm: Send + Sync + std::fmt::Debug {
     /// The device the weights (and new caches) live on.
     fn device(&self) -> &Device;
 
-    /// An empty [`KvCache`] for one sequence of this model.
-    fn new_cache(&self) -> KvCache;
+    /// An empty f32 [`KvCache`] for one sequence of this model (exact keys and values).
+    fn new_cache(&self) -> KvCache {
+        self.new_cache_of(KvCacheDtype::F32)
+    }
+
+    /// An empty [`KvCache`] of `dtype` for one sequence of this model (the engine's is
+    /// [`crate::EngineConfig::kv_cache_dtype`]).
+    fn new_cache_of(&self, dtype: KvCacheDtype) -> KvCache;
 
     /// Runs the new tokens of several sequences in one pass and returns each sequence's
     /// next-token logits: f32 `[batch.len(), vocab_size]`, row `i` after `batch[i]`'s last new
@@ -63,8 +71,8 @@ impl<M: CausalLm + ?Sized> CausalLm for Box<M> {
         (**self).device()
     }
 
-    fn new_cache(&self) -> KvCache {
-        (**self).new_cache()
+    fn new_cache_of(&self, dtype: KvCacheDtype) -> KvCache {
+        (**self).new_cache_of(dtype)
     }
 
     fn forward(&self, batch: &mut [SeqInput<'_>]) -> Result<Tensor> {

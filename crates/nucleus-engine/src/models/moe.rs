@@ -29,7 +29,6 @@
 //! The routing buffers (`expanded_x`, the expert outputs, `y`) live in a [`MoeScratch`] that the
 //! model reuses from step to step and layer to layer.
 
-use candle_core::quantized::QMatMul;
 use candle_core::{DType, Device, Tensor};
 use nucleus_moe::{
     moe_finalize_routing_into, moe_gating_top_k_softmax, moe_init_routing_into, ExpandedX,
@@ -41,6 +40,7 @@ use rayon::prelude::*;
 
 use crate::error::{EngineError, Result};
 use crate::models::transformer::{Linear, Mlp};
+use crate::models::weight::Weight;
 
 /// The MoE hyper-parameters of a model (config.json or GGUF metadata), see the module docs.
 #[derive(Debug, Clone, PartialEq)]
@@ -173,7 +173,7 @@ impl SparseMoe {
             }
             let lin = |t: Tensor| -> Result<Linear> {
                 Ok(Linear {
-                    weight: QMatMul::Tensor(t.to_dtype(DType::F32)?),
+                    weight: Weight::from_tensor(t)?,
                     bias: None,
                 })
             };
@@ -195,7 +195,7 @@ impl SparseMoe {
             .collect::<Result<Vec<_>>>()?;
         Ok(Self::from_parts(
             Linear {
-                weight: QMatMul::Tensor(router.to_dtype(DType::F32)?),
+                weight: Weight::from_tensor(router)?,
                 bias: None,
             },
             experts,

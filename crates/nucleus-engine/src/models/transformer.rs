@@ -38,21 +38,23 @@
 //! Only each sequence's last row goes through the LM head.
 //!
 //! # Weights
-//! From GGUF: any tensor type candle reads (f32, f16, bf16 converted to f32 at load; the ggml
-//! block-quantized types kept quantized and multiplied by `candle_core::quantized::QMatMul`).
-//! From Hugging Face safetensors: f32, f16 or bf16, converted to f32 at load. Norm weights,
-//! biases, activations, the cache and the logits are f32.
+//! Matrices stay in their stored type ([`crate::models::weight`]): f16 and bf16 (GGUF or
+//! safetensors) as 16-bit values, memory-mapped from a GGUF file, multiplied by our own kernels
+//! that convert each value to f32 as they read it and accumulate in f32; the ggml
+//! block-quantized types kept quantized and multiplied by candle's kernels; f32 as f32. Norm
+//! weights, biases, activations and the logits are f32; the KV cache is f16 or f32
+//! ([`crate::KvCacheDtype`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use candle_core::quantized::QMatMul;
-use candle_core::{DType, Device, Module, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 use crate::error::{EngineError, Result};
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{KvCache, KvCacheDtype};
 use crate::models::moe::{MoeConfig, MoeScratch, SparseMoe};
 use crate::models::rope::{RopeConfig, RopeLayout};
+use crate::models::weight::Weight;
 use crate::models::CausalLm;
 
 /// The hyper-parameters and special ids of a model, as its loader read them (GGUF metadata and
@@ -96,7 +98,7 @@ pub struct ModelConfig {
     /// `output.weight`).
     pub tie_word_embeddings: bool,
     /// The dtype of the weights as stored (`f32`, `f16`, `bf16`, or a ggml type such as
-    /// `q8_0`); they are computed in f32.
+    /// `q8_0`); they are kept in that type and multiplied with f32 accumulation.
     pub weight_dtype: String,
     /// The beginning-of-sequence id, if the model has one.
     pub bos_token_id: Option<u32>,
@@ -108,11 +110,11 @@ pub struct ModelConfig {
     pub moe: Option<MoeConfig>,
 }
 
-/// A linear layer `y = x W^T + b`: `weight` `[out, in]` (f32 or ggml-quantized), `bias` `[out]`
+/// A linear layer `y = x W^T + b`: `weight` `[out, in]` (in its stored type), `bias` `[out]`
 /// f32.
 #[derive(Debug, Clone)]
 pub(crate) struct Linear {
-    pub weight: QMatMul,
+    pub weight: Weight,
     pub bias: Option<Tensor>,
 }
 
@@ -152,11 +154,7 @@ pub(crate) struct Mlp {
 impl Mlp {
     /// The inner width (the gate's rows).
     pub(crate) fn inner_size(&self) -> usize {
-        let dims = match &self.gate.weight {
-            QMatMul::QTensor(q) => q.shape().dims().to_vec(),
-            QMatMul::Tensor(t) | QMatMul::TensorF16(t) => t.dims().to_vec(),
-        };
-        dims.first().copied().unwrap_or(0)
+        self.gate.weight.dims().0
     }
 
     /// `x` `[T, hidden]` to `[T, hidden]`.
@@ -179,12 +177,12 @@ pub(crate) enum FeedForward {
 #[derive(Debug, Clone)]
 pub(crate) struct Weights {
     /// `[vocab, hidden]`: the embedding table, and the LM head when `lm_head` is `None`.
-    pub embed: QMatMul,
+    pub embed: Weight,
     pub layers: Vec<LayerWeights>,
     /// `[hidden]` f32.
     pub norm: Tensor,
     /// `[vocab, hidden]`; `None` when tied to `embed`.
-    pub lm_head: Option<QMatMul>,
+    pub lm_head: Option<Weight>,
 }
 
 /// The new tokens of one sequence and its cache, for [`Transformer::forward`].
@@ -278,15 +276,22 @@ impl Transformer {
         self.attention_calls.load(Ordering::Relaxed)
     }
 
-    /// An empty [`KvCache`] for one sequence of this model: `n_layer` layers of
-    /// `[n_kv_head, capacity, head_dim]` f32 keys and values on the model's device, holding at
-    /// most `context_length` positions. Allocates nothing until the first `forward`.
+    /// An empty f32 [`KvCache`] for one sequence of this model (exact keys and values; the
+    /// engine's default is f16: [`Transformer::new_cache_of`]).
     pub fn new_cache(&self) -> KvCache {
+        self.new_cache_of(KvCacheDtype::F32)
+    }
+
+    /// An empty [`KvCache`] for one sequence of this model: `n_layer` layers of
+    /// `[n_kv_head, capacity, head_dim]` keys and values of `dtype` on the model's device,
+    /// holding at most `context_length` positions. Allocates nothing until the first `forward`.
+    pub fn new_cache_of(&self, dtype: KvCacheDtype) -> KvCache {
         KvCache::new(
             self.config.n_layer,
             self.config.n_kv_head,
             self.config.head_dim,
             self.config.context_length,
+            dtype,
             &self.device,
         )
     }
@@ -340,8 +345,7 @@ impl Transformer {
             seq.cache.prepare_append(seq.tokens.len())?;
         }
 
-        let ids = Tensor::from_vec(ids, t_total, &self.device)?;
-        let mut x = self.weights.embed.embedding(&ids)?.to_dtype(DType::F32)?; // [T, hidden]
+        let mut x = self.weights.embed.embedding(&ids, &self.device)?; // [T, hidden] f32
         let positions = Tensor::from_vec(positions, (t_total, 1), &self.device)?;
         let angles = positions.broadcast_mul(&self.inv_freq)?; // [T, head_dim / 2]
         let (mut cos, mut sin) = (angles.cos()?, angles.sin()?);
@@ -588,8 +592,8 @@ impl CausalLm for Transformer {
         Transformer::device(self)
     }
 
-    fn new_cache(&self) -> KvCache {
-        Transformer::new_cache(self)
+    fn new_cache_of(&self, dtype: KvCacheDtype) -> KvCache {
+        Transformer::new_cache_of(self, dtype)
     }
 
     fn forward(&self, batch: &mut [SeqInput<'_>]) -> Result<Tensor> {

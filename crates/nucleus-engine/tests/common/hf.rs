@@ -480,6 +480,27 @@ pub fn reference_logits(
     rope: &RefRope,
     tokens: &[u32],
 ) -> Vec<f32> {
+    reference_logits_kv(config, weights, rope, tokens, false)
+}
+
+/// [`reference_logits`], with the keys (after RoPE) and values rounded to the nearest f16 when
+/// `f16_kv` (what an f16 KV cache stores; the rest stays f64).
+pub fn reference_logits_kv(
+    config: &Value,
+    weights: &Weights,
+    rope: &RefRope,
+    tokens: &[u32],
+    f16_kv: bool,
+) -> Vec<f32> {
+    let kv_round = |x: Vec<f64>| -> Vec<f64> {
+        if f16_kv {
+            x.into_iter()
+                .map(|v| f64::from(half::f16::from_f64(v).to_f32()))
+                .collect()
+        } else {
+            x
+        }
+    };
     let Dims {
         hidden: h,
         layers,
@@ -568,8 +589,8 @@ pub fn reference_logits(
                 }
             }
             qs.push(q);
-            ks.push(k);
-            vs.push(v);
+            ks.push(kv_round(k));
+            vs.push(kv_round(v));
         }
         let ln2 = w(&format!("{p}.post_attention_layernorm.weight"));
         // SwiGLU `down(silu(gate x) * up x)` of the expert under `prefix`.
