@@ -1,8 +1,8 @@
 //! The library side of the `nucleus` command-line tool: code that the `nucleus` binary shares
 //! with its benchmarks. Not a stable API; the operators live in the other crates.
 //!
-//! - [`bench`](mod@bench): the speed measurements of `nucleus bench` (workload generators,
-//!   baselines, floors, timing), also driven by `benches/sampling.rs`.
+//! - [`bench`](mod@bench): the flags and tables of `nucleus bench`; the measurements
+//!   themselves (workloads, baselines, floors, timing) are the nucleus-bench crate's.
 //! - [`sample`](mod@sample): `nucleus sample`, sampling real logits given as JSON lines or a
 //!   safetensors tensor, one JSON answer per row.
 //! - [`generate`](mod@generate): `nucleus generate`, text from a model: the flags of the whole
@@ -26,8 +26,8 @@
 //!   (exit status 2).
 //! - [`report`](mod@report): `error:` and `warning:` lines on stderr, escaped and bounded and
 //!   never a crash when stderr cannot be written; stdout's write errors named.
-//! - [`memory`](mod@memory): whether a number of bytes can be had, checked before the work
-//!   that needs them (the benchmarks' buffers, `generate`'s KV cache, an operator's outputs).
+//! - [`memory`](mod@memory): how many bytes a command's work needs, checked before the work
+//!   (`generate`'s KV cache, an operator's outputs) with nucleus-bench's checks.
 //! - [`moe_init_routing`](mod@moe_init_routing): `nucleus moe-init-routing`, nucleus-moe's
 //!   MoE token routing (`npu_moe_init_routing_v2`) on calls given as JSON lines or a
 //!   safetensors file, one JSON answer per call.

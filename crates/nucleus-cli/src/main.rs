@@ -227,7 +227,7 @@ fn sample(args: SampleArgs) -> Result<ExitCode> {
 
 /// Runs `nucleus bench sampling`: the table goes to stdout.
 fn bench_sampling(args: BenchSamplingArgs) -> Result<ExitCode> {
-    let config = nucleus_cli::bench::sampling::Config {
+    let config = nucleus_bench::sampling::Config {
         vocab: args.vocab,
         batch: args.batch,
         threads: args.threads,

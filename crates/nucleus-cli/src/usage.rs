@@ -34,9 +34,11 @@ impl std::error::Error for UsageError {}
 /// The exit status of a usage error.
 pub const USAGE_STATUS: u8 = 2;
 
-/// Whether `e` (or one of its causes) is a [`UsageError`].
+/// Whether `e` (or one of its causes) is a [`UsageError`], or a benchmark parameter out of
+/// its domain ([`nucleus_bench::ParamError`]: `nucleus bench` passes its flags on as
+/// parameters, and the error names the flag).
 pub fn is_usage(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| c.downcast_ref::<UsageError>().is_some())
+    e.chain().any(|c| c.downcast_ref::<UsageError>().is_some()) || nucleus_bench::is_param_error(e)
 }
 
 /// The one-line message of `e`: its text, then each cause whose text it does not already

@@ -67,10 +67,10 @@ fn bench_generate_prints_consistent_medians() {
         "prefill tokens/s",
         "decode tokens/s",
         "decode ms per step",
-        "decode floor ms per step (weights / bandwidth)",
-        "read bandwidth GB/s",
         "load s",
         "resident MiB after generating",
+        "decode floor ms per step (weights / bandwidth)",
+        "read bandwidth GB/s",
     ] {
         let (m, lo, hi) = row(&stdout, name);
         assert!(lo <= m && m <= hi && lo >= 0.0, "{name}: {m} {lo} {hi}");
@@ -83,15 +83,70 @@ fn bench_generate_prints_consistent_medians() {
         (ms_step - 2000.0 / tokens_s).abs() <= 0.002 + 0.01 * ms_step,
         "{ms_step} ms per step vs {tokens_s} tokens/s"
     );
-    let (floor_ms, gb_s) = (medians[3], medians[4]);
+    let (floor_ms, gb_s) = (medians[5], medians[6]);
     let weights = 1.1 * 1024.0 * 1024.0;
     assert!(
         (floor_ms - weights / (gb_s * 1e9) * 1e3).abs() <= 0.002 + 0.06 * floor_ms,
         "{floor_ms} ms floor vs {gb_s} GB/s"
     );
-    // The model is small: the process holds well under 1 GiB (the 256 MiB bandwidth buffer
-    // is freed before the next round's reading).
-    assert!(medians[6] > 1.0 && medians[6] < 256.0, "{} MiB", medians[6]);
+    // The model is small: the round's process holds well under 1 GiB (the 256 MiB bandwidth
+    // buffer is the parent's, never in a round's process).
+    assert!(medians[4] > 1.0 && medians[4] < 256.0, "{} MiB", medians[4]);
+    if cfg!(feature = "llama-cpp") {
+        assert!(stdout.contains("\ngreedy tokens (row 0): "), "{stdout}");
+        assert!(stdout.contains("| decode speed (tokens/s) | "), "{stdout}");
+    } else {
+        assert!(
+            stdout.contains("\nllama.cpp: not measured, built without feature llama-cpp"),
+            "{stdout}"
+        );
+    }
+}
+
+/// The child process of a round prints the round as one JSON line: row 0's greedy tokens,
+/// one per step, and its timings.
+#[test]
+fn one_round_prints_the_round_as_one_json_line() {
+    let out = bench(&[
+        "--prompt-tokens",
+        "8",
+        "--gen-tokens",
+        "6",
+        "--batch",
+        "3",
+        "--one-round",
+        "nucleus",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    let round: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(round["engine"], "Nucleus");
+    assert_eq!(round["decode_steps"], 5);
+    let tokens = round["tokens"].as_array().unwrap();
+    assert_eq!(tokens.len(), 6, "{stdout}");
+    assert!(tokens.iter().all(|t| t.as_u64().is_some_and(|t| t < 512)));
+    assert_eq!(round["top2_gaps"], serde_json::json!([]));
+    for field in ["load_s", "prefill_s", "decode_s"] {
+        assert!(round[field].as_f64().is_some_and(|s| s > 0.0), "{field}");
+    }
+    // Greedy decoding of the same seeded prompts: the same tokens in another process.
+    let again = bench(&[
+        "--prompt-tokens",
+        "8",
+        "--gen-tokens",
+        "6",
+        "--batch",
+        "3",
+        "--one-round",
+        "nucleus",
+    ]);
+    let again: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(again["tokens"], round["tokens"]);
 }
 
 #[test]
@@ -120,6 +175,10 @@ fn bad_flags_are_usage_errors() {
             ][..],
             "error: --prompt-tokens 2040 + --gen-tokens 16 is more than the model's context of \
              2048\n",
+        ),
+        (
+            &["--one-round", "nucleus", "--threads", "0"][..],
+            "error: --threads must be at least 1, got 0\n",
         ),
     ] {
         let out = bench(args);

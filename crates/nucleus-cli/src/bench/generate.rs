@@ -1,29 +1,17 @@
-//! `nucleus bench generate`: the whole decode loop of a model, as a user feels it (issue 23,
-//! point 1, without the llama.cpp comparison yet).
-//!
-//! Each round loads the model (timed), adds `--batch` requests of `--prompt-tokens` seeded
-//! random prompt ids, and generates `--gen-tokens` greedy tokens per request with the engine
-//! (`ignore_eos`, so every request runs its full length): prefill is the first step (every
-//! prompt in one forward pass), decode the steps after it. Resident memory (`VmRSS`) is read
-//! once the round's tokens are generated, with the model, its KV caches and the engine still
-//! alive. Then, the model dropped, a read of a 256 MiB buffer, larger than the caches (the
-//! fastest of three passes summing its words, on `--threads` threads), measures the memory's
-//! read bandwidth, and the decode floor of
-//! a token is the bytes of the model's weights (as stored in the file: the bytes an engine
-//! that keeps them in their stored type reads per token) divided by that bandwidth. Figures
-//! are medians over `--rounds`, with the spread (smallest to largest) beside them; the rounds
-//! interleave loading, generating and the bandwidth read, so a busy moment of this shared
-//! machine touches them alike.
+//! `nucleus bench generate`: its flags and tables (nucleus-bench's
+//! [`nucleus_bench::generate`] measures: what each figure is, and how it is taken). Each
+//! engine's round runs in a child process, this binary again with the hidden flag
+//! `--one-round ENGINE`, which prints the round's figures as one JSON line.
 
 use std::io::Write;
-use std::path::Path;
-use std::time::{Duration, Instant};
+use std::process::Command;
 
-use anyhow::{bail, Result};
-use clap::Args;
-use nucleus_engine::{load_model, Engine, EngineConfig, Prompt, Request, SamplingParams};
-
-use crate::usage::UsageError;
+use anyhow::{Context, Result};
+use clap::{Args, ValueEnum};
+use nucleus_bench::generate::{
+    spread, Config, EngineKind, KvCacheType, Round, RoundResult, TokenComparison, LLAMA_CPP_BUILT,
+    NEAR_TIE_GAP,
+};
 
 /// The flags of `nucleus bench generate`.
 #[derive(Args, Debug, Clone)]
@@ -38,299 +26,229 @@ pub struct BenchGenerateArgs {
     /// Tokens generated per request (greedy; the first comes from the prefill).
     #[arg(long, default_value_t = 32)]
     pub gen_tokens: usize,
-    /// Requests that run together.
+    /// Requests that run together (llama.cpp: sequences of one batch).
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
-    /// Threads of the forward pass, the sampler and the bandwidth read.
+    /// Threads of the forward pass, the sampler and the bandwidth read (of both engines).
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
-    /// Rounds (each loads the model and generates); figures are their medians.
+    /// Rounds (each engine loads the model and generates once per round, in a process of its
+    /// own); figures are their medians.
     #[arg(long, default_value_t = 5)]
     pub rounds: usize,
+    /// Leave llama.cpp out in a build with feature llama-cpp.
+    #[arg(long)]
+    pub no_llama_cpp: bool,
+    /// Internal: run one round of this engine in this process and print it as one JSON line
+    /// (the child process of each round).
+    #[arg(long, value_enum, hide = true)]
+    pub one_round: Option<EngineArg>,
 }
 
-/// The bytes of the buffer the bandwidth is read from: larger than any last-level cache.
-pub const BANDWIDTH_BUFFER_BYTES: usize = 256 << 20;
+/// A figure of one engine's round (`None`: not measured there).
+type Figure<'a> = dyn Fn(&RoundResult) -> Option<f64> + 'a;
 
-/// One round's measurements.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Round {
-    /// Loading the model (read, parse, build the forward pass).
-    pub load: Duration,
-    /// The first step: every prompt through the model, and the first token of each.
-    pub prefill: Duration,
-    /// The steps after the first.
-    pub decode: Duration,
-    /// Decode steps (each one token per request).
-    pub decode_steps: usize,
-    /// Resident bytes after generating, the model alive.
-    pub rss: Option<u64>,
-    /// The read bandwidth measured after the round, in bytes per second.
-    pub bandwidth: f64,
+/// `--one-round`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum EngineArg {
+    /// nucleus-engine.
+    Nucleus,
+    /// llama.cpp.
+    #[value(name = "llama.cpp")]
+    LlamaCpp,
 }
 
-/// Checks the flags: every count at least 1 (`--gen-tokens` at least 2, so that there is a
-/// decode step), and the prompt and generated tokens within the model's context (checked
-/// once the model is loaded).
-fn check_flags(args: &BenchGenerateArgs) -> Result<()> {
-    let usage = |m: String| -> Result<()> { Err(UsageError::new(m).into()) };
-    for (value, flag, least) in [
-        (args.prompt_tokens, "--prompt-tokens", 1),
-        (args.gen_tokens, "--gen-tokens", 2),
-        (args.batch, "--batch", 1),
-        (args.threads, "--threads", 1),
-        (args.rounds, "--rounds", 1),
-    ] {
-        if value < least {
-            return usage(format!("{flag} must be at least {least}, got {value}"));
+impl From<EngineArg> for EngineKind {
+    fn from(e: EngineArg) -> Self {
+        match e {
+            EngineArg::Nucleus => EngineKind::Nucleus,
+            EngineArg::LlamaCpp => EngineKind::LlamaCpp,
         }
     }
-    if args.batch > nucleus_engine::MAX_SAMPLES_PER_REQUEST {
-        return usage(format!(
-            "--batch must be at most {}, got {}",
-            nucleus_engine::MAX_SAMPLES_PER_REQUEST,
-            args.batch
-        ));
-    }
-    Ok(())
 }
 
-/// The bytes of the model's weights as its files store them: the GGUF file's tensors (their
-/// ggml blocks), or the `.safetensors` files of a Hugging Face folder.
+/// Runs `nucleus bench generate`, writing Markdown tables to `out` (or, with `--one-round`,
+/// one round's JSON line).
 ///
 /// # Errors
-/// A file cannot be read or is not a valid GGUF file.
-pub fn stored_weight_bytes(path: &Path) -> Result<u64> {
-    if path.is_dir() {
-        let mut bytes = 0;
-        for entry in std::fs::read_dir(path)? {
-            let entry = entry?;
-            if entry.path().extension().is_some_and(|e| e == "safetensors") {
-                bytes += entry.metadata()?.len();
-            }
-        }
-        return Ok(bytes);
-    }
-    let mut file = std::fs::File::open(path)?;
-    let content = nucleus_engine::gguf::read_content(&mut file, path)?;
-    Ok(content
-        .tensor_infos
-        .values()
-        .map(|t| {
-            let blocks = t.shape.elem_count() / t.ggml_dtype.block_size();
-            (blocks * t.ggml_dtype.type_size()) as u64
-        })
-        .sum())
-}
-
-/// One read of `buffer` summing its words, split over the current rayon pool; returns the
-/// bytes per second of the fastest of three passes.
-pub fn read_bandwidth(buffer: &[u64]) -> f64 {
-    use rayon::prelude::*;
-    let chunk = buffer.len().div_ceil(rayon::current_num_threads()).max(1);
-    let mut best = f64::INFINITY;
-    for _ in 0..3 {
-        let start = Instant::now();
-        let sum: u64 = buffer
-            .par_chunks(chunk)
-            .map(|c| c.iter().fold(0u64, |a, &x| a.wrapping_add(x)))
-            .reduce(|| 0, u64::wrapping_add);
-        std::hint::black_box(sum);
-        best = best.min(start.elapsed().as_secs_f64());
-    }
-    (std::mem::size_of_val(buffer) as f64) / best.max(1e-9)
-}
-
-/// `VmRSS` of this process, in bytes (`None` where there is no /proc).
-fn rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
-/// Seeded random prompt ids below `vocab` (xorshift64*, a fixed seed per request).
-fn prompt_ids(request: usize, len: usize, vocab: usize) -> Vec<u32> {
-    let mut state =
-        0x9E37_79B9_7F4A_7C15u64 ^ (request as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03);
-    (0..len)
-        .map(|_| {
-            state ^= state >> 12;
-            state ^= state << 25;
-            state ^= state >> 27;
-            (state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) as u32 % vocab as u32
-        })
-        .collect()
-}
-
-/// One round: load, generate, read RSS; then, the model dropped, the bandwidth read (its
-/// buffer allocated for it and freed again, so that it is not in the next round's RSS).
-fn round(path: &Path, args: &BenchGenerateArgs) -> Result<Round> {
-    let start = Instant::now();
-    let loaded = load_model(path, &crate::generate::candle_device())?;
-    let load = start.elapsed();
-    let config = loaded.model.config().clone();
-    if args.prompt_tokens + args.gen_tokens > config.context_length {
-        return Err(UsageError::new(format!(
-            "--prompt-tokens {} + --gen-tokens {} is more than the model's context of {}",
-            args.prompt_tokens, args.gen_tokens, config.context_length
-        ))
-        .into());
-    }
-    let mut engine = Engine::new(loaded.model, loaded.tokenizer, EngineConfig::default());
-    let vocab = config.vocab_size;
-    for r in 0..args.batch {
-        engine.add_request(Request {
-            prompt: Prompt::Tokens(prompt_ids(r, args.prompt_tokens, vocab)),
-            params: SamplingParams {
-                temperature: 0.0,
-                seed: Some(0),
-                ..SamplingParams::default()
-            },
-            max_tokens: args.gen_tokens,
-            ignore_eos: true,
-            ..Request::new("")
-        })?;
-    }
-    let start = Instant::now();
-    let first = engine.step()?;
-    let prefill = start.elapsed();
-    check_step(&first, args.batch)?;
-    let start = Instant::now();
-    let mut decode_steps = 0;
-    while engine.has_unfinished() {
-        let outputs = engine.step()?;
-        check_step(&outputs, args.batch)?;
-        decode_steps += 1;
-    }
-    let decode = start.elapsed();
-    let rss = rss_bytes();
-    drop(engine);
-    let buffer: Vec<u64> = (0..BANDWIDTH_BUFFER_BYTES as u64 / 8).collect();
-    let bandwidth = read_bandwidth(&buffer);
-    drop(buffer);
-    Ok(Round {
-        load,
-        prefill,
-        decode,
-        decode_steps,
-        rss,
-        bandwidth,
-    })
-}
-
-/// Every request got a token this step (a failed sample is an error of the benchmark).
-fn check_step(outputs: &[nucleus_engine::StepOutput], batch: usize) -> Result<()> {
-    if let Some(o) = outputs.iter().find(|o| o.token.is_none()) {
-        bail!("request {} failed: {:?}", o.request_id, o.finish);
-    }
-    if outputs.len() != batch {
-        bail!("a step gave {} tokens for {batch} requests", outputs.len());
-    }
-    Ok(())
-}
-
-/// The median and the spread (smallest, largest) of `values`.
-fn stats(mut values: Vec<f64>) -> (f64, f64, f64) {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    let median = if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    };
-    (median, values[0], values[n - 1])
-}
-
-/// Runs `nucleus bench generate`, writing a Markdown table to `out`.
-///
-/// # Errors
-/// Flags out of range ([`UsageError`]), a model that cannot be resolved or loaded, prompt and
-/// generated tokens beyond its context, a bandwidth buffer that cannot be allocated, a failed
-/// step, a failed write.
+/// As [`nucleus_bench::generate::run`], a model that cannot be resolved, a failed write.
 pub fn run(args: &BenchGenerateArgs, out: &mut dyn Write) -> Result<()> {
-    check_flags(args)?;
-    let path = crate::model::resolve(args.model.as_deref())?;
-    let weights = stored_weight_bytes(&path)?;
-    super::reserve(Some(BANDWIDTH_BUFFER_BYTES), "the bandwidth read")?;
-    let rounds = (0..args.rounds)
-        .map(|_| round(&path, args))
-        .collect::<Result<Vec<Round>>>()?;
+    let config = Config {
+        model: crate::model::resolve(args.model.as_deref())?,
+        prompt_tokens: args.prompt_tokens,
+        gen_tokens: args.gen_tokens,
+        batch: args.batch,
+        threads: args.threads,
+        rounds: args.rounds,
+        llama_cpp: LLAMA_CPP_BUILT && !args.no_llama_cpp,
+        llama_kv_cache: KvCacheType::F16,
+    };
+    if let Some(engine) = args.one_round {
+        let result = nucleus_bench::generate::one_round(engine.into(), &config)?;
+        writeln!(out, "{}", serde_json::to_string(&result)?)?;
+        return Ok(());
+    }
+    let exe = std::env::current_exe().context("finding the nucleus binary")?;
+    let child = |engine: EngineKind| {
+        let mut cmd = Command::new(&exe);
+        cmd.arg("bench")
+            .arg("generate")
+            .arg("--model")
+            .arg(&config.model)
+            .args(["--prompt-tokens", &args.prompt_tokens.to_string()])
+            .args(["--gen-tokens", &args.gen_tokens.to_string()])
+            .args(["--batch", &args.batch.to_string()])
+            .args(["--threads", &args.threads.to_string()])
+            .args(["--rounds", "1"])
+            .args(["--one-round", engine.name()]);
+        if args.no_llama_cpp {
+            cmd.arg("--no-llama-cpp");
+        }
+        cmd
+    };
+    let report = nucleus_bench::generate::run(&config, &child)?;
     let (b, p, g) = (args.batch, args.prompt_tokens, args.gen_tokens);
     writeln!(
         out,
         "model {} ({:.1} MiB of weights as stored), batch {b}, prompt {p} tokens, {g} generated, \
-         {} thread(s), {} round(s): median (smallest to largest)",
-        path.display(),
-        weights as f64 / (1024.0 * 1024.0),
+         {} thread(s), {} round(s), each engine's round in a process of its own: median \
+         (smallest to largest)",
+        config.model.display(),
+        report.weight_bytes as f64 / (1024.0 * 1024.0),
         args.threads,
         args.rounds
     )?;
-    writeln!(out)?;
-    writeln!(out, "| measure | median | spread |")?;
-    writeln!(out, "|---|---:|---:|")?;
-    let row = |out: &mut dyn Write, name: &str, values: Vec<f64>, digits: usize| -> Result<()> {
-        let (m, lo, hi) = stats(values);
-        writeln!(
-            out,
-            "| {name} | {m:.digits$} | {lo:.digits$} to {hi:.digits$} |"
-        )?;
-        Ok(())
+    let rounds = &report.rounds;
+    let nucleus: Vec<&RoundResult> = rounds.iter().map(|r| &r.nucleus).collect();
+    let llama: Vec<&RoundResult> = rounds.iter().filter_map(|r| r.llama_cpp.as_ref()).collect();
+    let engines: Vec<(&str, &[&RoundResult])> = if llama.len() == rounds.len() {
+        vec![("nucleus", &nucleus), ("llama.cpp", &llama)]
+    } else {
+        vec![("nucleus", &nucleus)]
     };
-    let per = |f: &dyn Fn(&Round) -> f64| rounds.iter().map(f).collect::<Vec<f64>>();
-    row(
-        out,
-        "prefill tokens/s",
-        per(&|r| (b * p) as f64 / r.prefill.as_secs_f64().max(1e-9)),
-        1,
-    )?;
-    row(
-        out,
-        "decode tokens/s",
-        per(&|r| (b * r.decode_steps) as f64 / r.decode.as_secs_f64().max(1e-9)),
-        1,
-    )?;
-    row(
-        out,
-        "decode ms per step",
-        per(&|r| r.decode.as_secs_f64() * 1e3 / r.decode_steps.max(1) as f64),
-        3,
-    )?;
-    row(
+    writeln!(out)?;
+    write!(out, "| measure |")?;
+    for (name, _) in &engines {
+        write!(out, " {name} median | {name} spread |")?;
+    }
+    writeln!(out)?;
+    write!(out, "|---|")?;
+    for _ in &engines {
+        write!(out, "---:|---:|")?;
+    }
+    writeln!(out)?;
+    let rss_mib = |r: &RoundResult| r.rss_bytes.map(|b| b as f64 / (1024.0 * 1024.0));
+    let per_engine: [(&str, &Figure<'_>, usize); 5] = [
+        (
+            "prefill tokens/s",
+            &|r| Some(r.prefill_tokens_per_s(b, p)),
+            1,
+        ),
+        ("decode tokens/s", &|r| Some(r.decode_tokens_per_s(b)), 1),
+        ("decode ms per step", &|r| Some(r.decode_ms_per_step()), 3),
+        ("load s", &|r| Some(r.load_s), 3),
+        ("resident MiB after generating", &rss_mib, 1),
+    ];
+    let mut medians = Vec::new();
+    for (name, f, digits) in per_engine {
+        let cells: Vec<Option<nucleus_bench::generate::Spread>> = engines
+            .iter()
+            .map(|(_, rs)| {
+                let values: Option<Vec<f64>> = rs.iter().map(|r| f(r)).collect();
+                values.and_then(spread)
+            })
+            .collect();
+        if cells.iter().all(Option::is_none) {
+            continue;
+        }
+        write!(out, "| {name} |")?;
+        for c in &cells {
+            match c {
+                Some(s) => write!(
+                    out,
+                    " {:.digits$} | {:.digits$} to {:.digits$} |",
+                    s.median, s.min, s.max
+                )?,
+                None => write!(out, " - | - |")?,
+            }
+        }
+        writeln!(out)?;
+        medians.push((name, cells));
+    }
+    let w = report.weight_bytes;
+    let shared = |out: &mut dyn Write, name: &str, f: &dyn Fn(&Round) -> f64, digits: usize| {
+        if let Some(s) = spread(rounds.iter().map(f).collect()) {
+            write!(
+                out,
+                "| {name} | {:.digits$} | {:.digits$} to {:.digits$} |",
+                s.median, s.min, s.max
+            )?;
+            for _ in 1..engines.len() {
+                write!(out, " | |")?;
+            }
+            writeln!(out)?;
+        }
+        Ok::<(), anyhow::Error>(())
+    };
+    shared(
         out,
         "decode floor ms per step (weights / bandwidth)",
-        per(&|r| weights as f64 / r.bandwidth * 1e3),
+        &|r| r.floor_ms_per_step(w),
         3,
     )?;
-    row(out, "read bandwidth GB/s", per(&|r| r.bandwidth / 1e9), 2)?;
-    row(out, "load s", per(&|r| r.load.as_secs_f64()), 3)?;
-    if rounds.iter().all(|r| r.rss.is_some()) {
-        row(
+    shared(out, "read bandwidth GB/s", &|r| r.bandwidth / 1e9, 2)?;
+
+    if engines.len() == 2 {
+        writeln!(out)?;
+        writeln!(out, "| nucleus / llama.cpp (of the medians) | ratio |")?;
+        writeln!(out, "|---|---:|")?;
+        for (name, cells) in &medians {
+            if let (Some(n), Some(l)) = (cells[0], cells[1]) {
+                let label = match *name {
+                    "prefill tokens/s" => "prefill speed (tokens/s)",
+                    "decode tokens/s" => "decode speed (tokens/s)",
+                    "decode ms per step" => "decode ms per step",
+                    "load s" => "load time",
+                    _ => "resident memory",
+                };
+                writeln!(out, "| {label} | {:.3} |", n.median / l.median)?;
+            }
+        }
+    }
+    writeln!(out)?;
+    match &report.tokens {
+        None if !LLAMA_CPP_BUILT => writeln!(
             out,
-            "resident MiB after generating",
-            per(&|r| r.rss.unwrap_or(0) as f64 / (1024.0 * 1024.0)),
-            1,
-        )?;
+            "llama.cpp: not measured, built without feature llama-cpp \
+             (scripts/build-llama-cpp-bench.sh)"
+        )?,
+        None => writeln!(out, "llama.cpp: not measured (--no-llama-cpp)")?,
+        Some(TokenComparison::Equal { count }) => {
+            writeln!(out, "greedy tokens (row 0): equal ({count} of {g})")?
+        }
+        Some(TokenComparison::Differ {
+            step,
+            nucleus,
+            llama_cpp,
+            gap,
+        }) => {
+            let gap = match gap {
+                Some(gap) => format!(
+                    "{gap:.3e} ({} {NEAR_TIE_GAP:e})",
+                    if *gap < NEAR_TIE_GAP {
+                        "below"
+                    } else {
+                        "not below"
+                    }
+                ),
+                None => "not reported".to_string(),
+            };
+            writeln!(
+                out,
+                "greedy tokens (row 0): first difference at step {step}: nucleus {nucleus}, \
+                 llama.cpp {llama_cpp}, llama.cpp's top-2 logit gap there {gap}"
+            )?
+        }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn medians_and_spreads() {
-        assert_eq!(stats(vec![3.0, 1.0, 2.0]), (2.0, 1.0, 3.0));
-        assert_eq!(stats(vec![4.0, 1.0, 2.0, 3.0]), (2.5, 1.0, 4.0));
-    }
-
-    #[test]
-    fn prompts_are_seeded_and_within_the_vocabulary() {
-        let a = prompt_ids(0, 100, 512);
-        assert_eq!(a, prompt_ids(0, 100, 512));
-        assert_ne!(a, prompt_ids(1, 100, 512));
-        assert!(a.iter().all(|&t| t < 512));
-        assert!(a.iter().collect::<std::collections::BTreeSet<_>>().len() > 50);
-    }
 }

@@ -1,521 +1,79 @@
-//! `nucleus bench sampling`: the speed of nucleus-sampling against named baselines on the same
-//! data in one run, as ratios (DESIGN.md: "speed is measured as a ratio against named baselines
-//! in one run, and against the memory-bandwidth floor").
-//!
-//! What runs, per workload of [`workload::workloads`] on [`workload::Logits`]:
-//! - [`Method::Nucleus`] is [`nucleus_sampling::sample_batch`];
-//! - [`Method::SortReference`] is [`reference`](mod@reference), the full-sort way PyTorch
-//!   users and MiniMind sample;
-//! - [`Method::Candle`] is candle-transformers' `LogitsProcessor` (feature `candle-baseline`);
-//!
-//! and the two floors of [`floors`]: a vectorised max pass and a max + sum-of-exp pass.
-//! Every method samples all rows of the batch on the current rayon pool (nucleus-sampling's own
-//! parallelism; the baselines' rows with `par_iter`), so a pool of N threads serves all of them
-//! alike. Times are per row: the time of one batch divided by the batch, the median over
-//! repeated timed runs, all measurements interleaved ([`median_us_per_row`]).
-//!
-//! The criterion benchmark (`benches/sampling.rs`) and the CLI both drive [`Bench`].
-
-pub mod floors;
-pub mod processors;
-pub mod reference;
-pub mod workload;
-
-#[cfg(feature = "candle-baseline")]
-pub mod candle;
+//! `nucleus bench sampling`: the workload table, or with `--processors` the processor table
+//! (nucleus-bench's [`nucleus_bench::sampling`] measures both).
 
 use std::io::Write;
-use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
-use nucleus_sampling::{sample_batch, LogitsView, SampleRequest};
-use rayon::prelude::*;
+use anyhow::Result;
+use nucleus_bench::sampling::processors::{ProcessorsReport, TARGET};
+use nucleus_bench::sampling::{Config, FloorTimes, SamplingReport, SamplingResults, CANDLE_BUILT};
 
-use crate::usage::UsageError;
-use floors::Isa;
-use workload::{Body, Logits, Workload, HISTORY};
+use super::{fmt_ratio, fmt_us, iters_text};
 
-/// What `nucleus bench sampling` measures.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Config {
-    /// Token ids per row.
-    pub vocab: usize,
-    /// Rows per call.
-    pub batch: usize,
-    /// Threads of the rayon pool everything runs in.
-    pub threads: usize,
-    /// Timed runs per measurement; `None`: at least [`AUTO_MIN_RUNS`], until [`AUTO_BUDGET`]
-    /// per measurement.
-    pub iters: Option<usize>,
-    /// Seed of the generated logits.
-    pub seed: u64,
-    /// Measure the chain processors of issue 16 ([`processors`]) instead of the workloads.
-    pub processors: bool,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            vocab: 151_936,
-            batch: 1,
-            threads: 1,
-            iters: None,
-            seed: workload::DEFAULT_SEED,
-            processors: false,
-        }
-    }
-}
-
-/// Fewest timed runs of an automatic measurement.
-pub const AUTO_MIN_RUNS: usize = 7;
-/// Most timed runs of an automatic measurement.
-pub const AUTO_MAX_RUNS: usize = 2_000;
-/// An automatic measurement stops taking rounds once this much time per job was spent (after
-/// [`AUTO_MIN_RUNS`] rounds).
-pub const AUTO_BUDGET: Duration = Duration::from_millis(250);
-
-/// A sampler measured on the workloads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Method {
-    /// nucleus-sampling's `sample_batch`.
-    Nucleus,
-    /// The sort-based reference ([`reference`](mod@reference)).
-    SortReference,
-    /// candle-transformers' `LogitsProcessor`.
-    Candle,
-}
-
-impl Method {
-    /// Every method, in table order.
-    pub const ALL: [Method; 3] = [Method::Nucleus, Method::SortReference, Method::Candle];
-
-    /// Short name: `"nucleus"`, `"sort-ref"`, `"candle"`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Method::Nucleus => "nucleus",
-            Method::SortReference => "sort-ref",
-            Method::Candle => "candle",
-        }
-    }
-}
-
-/// A floor pass over every row.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Floor {
-    /// [`floors::max_pass`].
-    Max(Isa),
-    /// [`floors::max_sum_exp_pass`].
-    MaxSumExp(Isa),
-}
-
-impl Floor {
-    /// E.g. `"max pass (avx512)"`.
-    pub fn name(self) -> String {
-        match self {
-            Floor::Max(isa) => format!("max pass ({})", isa.name()),
-            Floor::MaxSumExp(isa) => format!("max+sum-exp pass ({})", isa.name()),
-        }
-    }
-}
-
-/// The generated data and everything each method needs, built once, outside the timing.
-pub struct Bench {
-    logits: Logits,
-    /// The flat rows of workload (g).
-    flat: Logits,
-    #[cfg(feature = "candle-baseline")]
-    candle: candle::CandleLogits,
-    #[cfg(feature = "candle-baseline")]
-    candle_flat: candle::CandleLogits,
-}
-
-impl Bench {
-    /// Generates `[batch, vocab]` logits from `seed` ([`Logits::try_generate`]) and the candle
-    /// tensor holding them.
-    ///
-    /// # Errors
-    /// `vocab` below 64 or above `u32::MAX`, `batch` 0 (a [`UsageError`]), memory that cannot
-    /// be had, or candle failing to build the tensor.
-    pub fn new(batch: usize, vocab: usize, seed: u64) -> Result<Self> {
-        check_shape(batch, vocab)?;
-        let logits = Logits::try_generate(batch, vocab, seed)?;
-        let flat = Logits::try_generate_body(batch, vocab, seed, Body::Flat)?;
-        Ok(Self {
-            #[cfg(feature = "candle-baseline")]
-            candle: candle::CandleLogits::new(&logits)?,
-            #[cfg(feature = "candle-baseline")]
-            candle_flat: candle::CandleLogits::new(&flat)?,
-            logits,
-            flat,
-        })
-    }
-
-    /// The generated (spiked) logits.
-    pub fn logits(&self) -> &Logits {
-        &self.logits
-    }
-
-    /// The logits `w` reads: the spiked ones, or the flat ones of workload (g).
-    pub fn logits_for(&self, w: &Workload) -> &Logits {
-        match w.body {
-            Body::Spiked => &self.logits,
-            Body::Flat => &self.flat,
-        }
-    }
-
-    #[cfg(feature = "candle-baseline")]
-    fn candle_for(&self, w: &Workload) -> &candle::CandleLogits {
-        match w.body {
-            Body::Spiked => &self.candle,
-            Body::Flat => &self.candle_flat,
-        }
-    }
-
-    /// The repetition-penalty context of row `i` under `w`: the row's previous ids, or none.
-    pub fn context(&self, w: &Workload, i: usize) -> &[u32] {
-        if w.uses_history {
-            &self.logits_for(w).history[i]
-        } else {
-            &[]
-        }
-    }
-
-    /// Whether `method` can run `w` (candle: built with feature `candle-baseline`, and candle
-    /// has the filters `w` asks for).
-    pub fn supports(&self, method: Method, w: &Workload) -> bool {
-        match method {
-            Method::Nucleus | Method::SortReference => true,
-            #[cfg(feature = "candle-baseline")]
-            Method::Candle => candle::sampling_for(&w.params, self.logits.vocab).is_some(),
-            #[cfg(not(feature = "candle-baseline"))]
-            Method::Candle => {
-                let _ = w;
-                false
-            }
-        }
-    }
-
-    /// Samples every row once with `method` under `w`, rows on the current rayon pool, and
-    /// returns one token per row. Every row is at position [`HISTORY`], seed `w.params.seed`.
-    ///
-    /// # Errors
-    /// A row that nucleus-sampling or candle reports as failed, or a method that
-    /// [`Bench::supports`] rejects.
-    pub fn sample(&self, method: Method, w: &Workload) -> Result<Vec<u32>> {
-        let logits = self.logits_for(w);
-        let batch = logits.batch;
-        let position = HISTORY as u64;
-        match method {
-            Method::Nucleus => {
-                let view = LogitsView::dense(&logits.data, batch, logits.vocab)?;
-                let requests: Vec<SampleRequest<'_>> = (0..batch)
-                    .map(|i| SampleRequest::new(&w.params, &[], self.context(w, i), position))
-                    .collect();
-                sample_batch(&view, &requests)?
-                    .into_iter()
-                    .map(|r| Ok(r?.token))
-                    .collect()
-            }
-            Method::SortReference => Ok((0..batch)
-                .into_par_iter()
-                .map(|i| {
-                    reference::sample_row(logits.row(i), &w.params, self.context(w, i), position)
-                })
-                .collect()),
-            #[cfg(feature = "candle-baseline")]
-            Method::Candle => {
-                let sampling = candle::sampling_for(&w.params, self.logits.vocab)
-                    .with_context(|| format!("candle has no sampler for {}", w.label()))?;
-                (0..batch)
-                    .into_par_iter()
-                    .map(|i| {
-                        self.candle_for(w)
-                            .sample_row(i, &w.params, &sampling, self.context(w, i))
-                    })
-                    .collect()
-            }
-            #[cfg(not(feature = "candle-baseline"))]
-            Method::Candle => anyhow::bail!("built without the candle-baseline feature"),
-        }
-    }
-
-    /// Runs `floor` over every row, rows on the current rayon pool; returns the max (or the sum
-    /// of exp) per row.
-    pub fn floor(&self, floor: Floor) -> Vec<f32> {
-        (0..self.logits.batch)
-            .into_par_iter()
-            .map(|i| {
-                let row = self.logits.row(i);
-                match floor {
-                    Floor::Max(isa) => floors::max_pass(isa, row),
-                    Floor::MaxSumExp(isa) => floors::max_sum_exp_pass(isa, row).1,
-                }
-            })
-            .collect()
-    }
-}
-
-/// One thing that is timed: a floor pass or a method on a workload, over the whole batch.
-#[derive(Clone, Copy, Debug)]
-pub enum Job<'a> {
-    /// [`Bench::floor`].
-    Floor(Floor),
-    /// [`Bench::sample`].
-    Sample(Method, &'a Workload),
-}
-
-impl Bench {
-    /// Runs `job` once.
-    ///
-    /// # Errors
-    /// As [`Bench::sample`].
-    pub fn run_job(&self, job: Job<'_>) -> Result<()> {
-        match job {
-            Job::Floor(floor) => {
-                std::hint::black_box(self.floor(floor));
-            }
-            Job::Sample(method, w) => {
-                std::hint::black_box(self.sample(method, w)?);
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Times every job and returns, per job, the median time per row in µs.
-///
-/// The jobs are interleaved: each round runs every job once, timed, so a slow spell of the
-/// machine (another process, a frequency change) falls on all of them alike rather than on
-/// whichever was being measured, and the ratios stay fair. A job under 2 ms per call gets one
-/// untimed call right before its timed one, so its data are in cache as when it runs alone.
-/// Rounds: `iters`, or automatically at least [`AUTO_MIN_RUNS`], then more until
-/// [`AUTO_BUDGET`] per job has passed or [`AUTO_MAX_RUNS`] rounds. A warm-up round comes first.
+/// Runs the measurement of `config` and writes its table to `out` (Markdown).
 ///
 /// # Errors
-/// The first job that fails.
-pub fn median_us_per_row(
-    bench: &Bench,
-    jobs: &[Job<'_>],
-    iters: Option<usize>,
-) -> Result<Vec<f64>> {
-    interleaved_medians(jobs, bench.logits.batch, iters, |job| bench.run_job(job))
-}
-
-/// The timing loop of [`median_us_per_row`] for any jobs (shared with `nucleus bench
-/// npu-sample`): `run(job)` makes one call over a batch of `batch` rows; returns per job the
-/// median µs per row.
-///
-/// # Errors
-/// The first job that fails.
-pub fn interleaved_medians<J: Copy>(
-    jobs: &[J],
-    batch: usize,
-    iters: Option<usize>,
-    run: impl Fn(J) -> Result<()>,
-) -> Result<Vec<f64>> {
-    let per_row = |d: Duration| d.as_secs_f64() * 1e6 / batch as f64;
-    let mut last = vec![Duration::ZERO; jobs.len()];
-    for (&job, last) in jobs.iter().zip(&mut last) {
-        let t = Instant::now();
-        run(job)?;
-        *last = t.elapsed();
-    }
-    let (min_rounds, max_rounds) = match iters {
-        Some(n) => (n, n),
-        None => (AUTO_MIN_RUNS, AUTO_MAX_RUNS),
-    };
-    let budget = AUTO_BUDGET * jobs.len() as u32;
-    let mut times: Vec<Vec<f64>> = vec![Vec::new(); jobs.len()];
-    let start = Instant::now();
-    let mut rounds = 0;
-    while rounds < min_rounds || (rounds < max_rounds && start.elapsed() < budget) {
-        for ((&job, last), times) in jobs.iter().zip(&mut last).zip(&mut times) {
-            if *last < Duration::from_millis(2) {
-                run(job)?;
-            }
-            let t = Instant::now();
-            run(job)?;
-            *last = t.elapsed();
-            times.push(per_row(*last));
-        }
-        rounds += 1;
-    }
-    Ok(times.into_iter().map(median).collect())
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
+/// As [`nucleus_bench::sampling::run`] (a bad parameter is a
+/// [`nucleus_bench::ParamError`]), or a failed write.
+pub fn run(config: &Config, out: &mut dyn Write) -> Result<()> {
+    match nucleus_bench::sampling::run(config)? {
+        SamplingResults::Workloads(report) => write_workloads(&report, config, out),
+        SamplingResults::Processors(report) => write_processors(&report, config, out),
     }
 }
 
-/// `--vocab` in `64..=u32::MAX` and `--batch` at least 1, as [`UsageError`]s.
-///
-/// # Errors
-/// The first flag outside its domain.
-pub(crate) fn check_shape(batch: usize, vocab: usize) -> Result<()> {
-    if !(64..=u32::MAX as usize).contains(&vocab) {
-        bail!(UsageError::new(format!(
-            "--vocab {vocab}: must be in 64..=4294967295"
-        )));
-    }
-    if batch == 0 {
-        bail!(UsageError::new("--batch must be at least 1"));
-    }
-    Ok(())
-}
-
-/// `--threads` and `--iters` at least 1, as [`UsageError`]s.
-///
-/// # Errors
-/// The first flag outside its domain.
-pub(crate) fn check_runs(threads: usize, iters: Option<usize>) -> Result<()> {
-    if threads == 0 {
-        bail!(UsageError::new("--threads must be at least 1"));
-    }
-    if iters == Some(0) {
-        bail!(UsageError::new("--iters must be at least 1"));
-    }
-    Ok(())
-}
-
-/// Working memory per token of a row, per thread, that the methods keep or take while they
-/// sample (nucleus-sampling's scratch, the sort reference's copies and sorted pairs, candle's
-/// copy and sort): an estimate, counted in [`buffer_bytes`].
-const SCRATCH_BYTES_PER_TOKEN: usize = 48;
-
-/// The bytes of `nucleus bench sampling`'s buffers: the logits (spiked and flat), candle's
-/// copy of them, the rows' histories, and every thread's working memory (48 bytes per token,
-/// an estimate); `None` when they overflow `usize`.
-pub fn buffer_bytes(batch: usize, vocab: usize, threads: usize) -> Option<usize> {
-    let logits = super::product(&[2, batch, vocab, 4]);
-    let candle = if cfg!(feature = "candle-baseline") {
-        logits
-    } else {
-        Some(0)
-    };
-    super::total(&[
-        logits,
-        candle,
-        super::product(&[2, batch, HISTORY, 4]),
-        super::product(&[threads, vocab, SCRATCH_BYTES_PER_TOKEN]),
-    ])
-}
-
-/// Runs the whole measurement of `config` in a rayon pool of `config.threads` threads and
-/// writes the table to `out` (Markdown): the workloads against the baselines, or with
-/// `config.processors` the processor table ([`processors::write_table`]). Every flag is
-/// checked, and the buffers' memory reserved ([`super::reserve`]), before any work.
-///
-/// # Errors
-/// A bad configuration (zero threads, batch or iterations; vocab below 64: a
-/// [`UsageError`]), buffers larger than the memory that can be had, a failed row, or a failed
-/// write.
-pub fn run(config: &Config, out: &mut (dyn Write + Send)) -> Result<()> {
-    check_runs(config.threads, config.iters)?;
-    check_shape(config.batch, config.vocab)?;
-    let bytes = if config.processors {
-        processors::buffer_bytes(config.batch, config.vocab)
-    } else {
-        buffer_bytes(config.batch, config.vocab, config.threads)
-    };
-    super::reserve(
-        bytes,
-        &format!(
-            "--vocab {} x --batch {} on {} thread(s)",
-            config.vocab, config.batch, config.threads
-        ),
-    )?;
-    let bench = Bench::new(config.batch, config.vocab, config.seed)?;
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(config.threads)
-        .build()
-        .context("building the thread pool")?;
-    if config.processors {
-        pool.install(|| processors::write_table(&bench, config, out))
-    } else {
-        pool.install(|| write_table(&bench, config, out))
-    }
-}
-
-fn write_table(bench: &Bench, config: &Config, out: &mut (dyn Write + Send)) -> Result<()> {
-    let isa = Isa::best();
-    let mut jobs = vec![
-        Job::Floor(Floor::Max(isa)),
-        Job::Floor(Floor::MaxSumExp(isa)),
-    ];
-    if isa != Isa::Baseline {
-        jobs.push(Job::Floor(Floor::Max(Isa::Baseline)));
-        jobs.push(Job::Floor(Floor::MaxSumExp(Isa::Baseline)));
-    }
-    let floor_jobs = jobs.len();
-    let workloads = workload::workloads();
-    for w in &workloads {
-        for method in Method::ALL {
-            if bench.supports(method, w) {
-                jobs.push(Job::Sample(method, w));
-            }
-        }
-    }
-    let us = median_us_per_row(bench, &jobs, config.iters)?;
-    let (max_us, sum_exp_us) = (us[0], us[1]);
-    let sample_us = |method: Method, w: &Workload| -> Option<f64> {
-        jobs.iter()
-            .zip(&us)
-            .skip(floor_jobs)
-            .find_map(|(job, &t)| match job {
-                Job::Sample(m, jw) if *m == method && jw.id == w.id => Some(t),
-                _ => None,
-            })
-    };
-
-    let iters = match config.iters {
-        Some(n) => format!("{n} timed runs"),
-        None => format!(
-            "at least {AUTO_MIN_RUNS} timed runs, more within {} ms per measurement",
-            AUTO_BUDGET.as_millis()
-        ),
-    };
+/// The table's first line (`COMMAND: vocab V, batch B, threads N; ...`) and the floors' line:
+/// `floors (avx2): max pass X µs, max+sum-exp pass Y µs[; compiled for the build's target like
+/// nucleus: ...]`.
+fn write_head(
+    out: &mut dyn Write,
+    command: &str,
+    config: &Config,
+    floors: &FloorTimes,
+) -> Result<()> {
     writeln!(
         out,
-        "nucleus bench sampling: vocab {}, batch {}, threads {}; µs per row, median of {iters}, all measurements interleaved",
-        config.vocab, config.batch, config.threads
+        "{command}: vocab {}, batch {}, threads {}; µs per row, median of {}, all measurements interleaved",
+        config.vocab,
+        config.batch,
+        config.threads,
+        iters_text(config.iters)
     )?;
     write!(
         out,
         "floors ({}): max pass {} µs, max+sum-exp pass {} µs",
-        isa.name(),
-        fmt_us(max_us),
-        fmt_us(sum_exp_us)
+        floors.isa.name(),
+        fmt_us(floors.max_us),
+        fmt_us(floors.max_sum_exp_us)
     )?;
-    if isa != Isa::Baseline {
+    if let Some((max, sum_exp)) = floors.baseline {
         write!(
             out,
             "; compiled for the build's target like nucleus: {} µs, {} µs",
-            fmt_us(us[2]),
-            fmt_us(us[3])
+            fmt_us(max),
+            fmt_us(sum_exp)
         )?;
     }
     writeln!(out)?;
+    Ok(())
+}
+
+fn write_workloads(report: &SamplingReport, config: &Config, out: &mut dyn Write) -> Result<()> {
+    write_head(out, "nucleus bench sampling", config, &report.floors)?;
     writeln!(out)?;
     writeln!(
         out,
         "| workload | nucleus µs | sort-ref µs | candle µs | nucleus/max | nucleus/max+sum-exp | sort-ref/nucleus | candle/nucleus |"
     )?;
     writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|")?;
-    for w in &workloads {
-        let nucleus = sample_us(Method::Nucleus, w).context("nucleus runs every workload")?;
-        let sort = sample_us(Method::SortReference, w);
-        let candle = sample_us(Method::Candle, w);
+    let (max_us, sum_exp_us) = (report.floors.max_us, report.floors.max_sum_exp_us);
+    for w in &report.workloads {
+        let nucleus = w.nucleus_us;
+        let (sort, candle) = (w.sort_reference_us, w.candle_us);
         let cell = |v: Option<f64>, f: fn(f64) -> String| v.map_or("n/a".to_string(), f);
         writeln!(
             out,
             "| {} | {} | {} | {} | {} | {} | {} | {} |",
-            w.label(),
+            w.label,
             fmt_us(nucleus),
             cell(sort, fmt_us),
             cell(candle, fmt_us),
@@ -525,7 +83,7 @@ fn write_table(bench: &Bench, config: &Config, out: &mut (dyn Write + Send)) -> 
             cell(candle.map(|c| c / nucleus), fmt_ratio),
         )?;
     }
-    if !cfg!(feature = "candle-baseline") {
+    if !CANDLE_BUILT {
         writeln!(out)?;
         writeln!(
             out,
@@ -536,22 +94,47 @@ fn write_table(bench: &Bench, config: &Config, out: &mut (dyn Write + Send)) -> 
     Ok(())
 }
 
-/// µs for a table cell: 3 significant figures down to 2 decimals.
-pub(crate) fn fmt_us(us: f64) -> String {
-    if us >= 100.0 {
-        format!("{us:.0}")
-    } else if us >= 10.0 {
-        format!("{us:.1}")
-    } else {
-        format!("{us:.2}")
+fn write_processors(report: &ProcessorsReport, config: &Config, out: &mut dyn Write) -> Result<()> {
+    let sum_exp_us = report.floors.max_sum_exp_us;
+    write_head(
+        out,
+        "nucleus bench sampling --processors",
+        config,
+        &report.floors,
+    )?;
+    writeln!(
+        out,
+        "chain: SamplerChain::process with the processor alone (selections: SamplerChain::sample); processor: chain minus the same call with no processor on the same context"
+    )?;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "| processor | context | chain µs | processor µs | chain/max+sum-exp | processor/max+sum-exp | processor within {TARGET}x |"
+    )?;
+    writeln!(out, "|---|---|---:|---:|---:|---:|---|")?;
+    for m in &report.measured {
+        let (own, own_ratio, verdict) = match m.processor_us {
+            Some(p) => {
+                let r = p / sum_exp_us;
+                let verdict = if r <= TARGET { "yes" } else { "no" };
+                (fmt_us(p), fmt_ratio(r), verdict)
+            }
+            None => ("-".to_string(), "-".to_string(), "(baseline)"),
+        };
+        writeln!(
+            out,
+            "| {} | {} | {} | {own} | {} | {own_ratio} | {verdict} |",
+            m.label,
+            m.context.name(),
+            fmt_us(m.chain_us),
+            fmt_ratio(m.chain_us / sum_exp_us),
+        )?;
     }
-}
-
-/// A ratio for a table cell: `12x`, `1.23x`.
-pub(crate) fn fmt_ratio(r: f64) -> String {
-    if r >= 10.0 {
-        format!("{r:.0}x")
-    } else {
-        format!("{r:.2}x")
+    writeln!(out)?;
+    writeln!(out, "chain entries (row 0, JSON):")?;
+    for e in &report.entries {
+        writeln!(out, "- {} ({}): `{}`", e.label, e.context.name(), e.json)?;
     }
+    out.flush()?;
+    Ok(())
 }

@@ -230,7 +230,7 @@ fn exp_approx_with<const FMA: bool>(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::sampling::workload::Logits;
+    use crate::sampling::workload::Logits;
 
     const ISAS: [Isa; 3] = [Isa::Baseline, Isa::Avx2, Isa::Avx512];
 

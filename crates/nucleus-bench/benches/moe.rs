@@ -1,8 +1,8 @@
 //! Criterion version of `nucleus bench moe`: the same data, jobs, reference and floors
-//! (`nucleus_cli::bench::moe`), bf16, K 8, E 256, one thread, one group per shape: N = 1, 8,
+//! (`nucleus_bench::moe`), bf16, K 8, E 256, one thread, one group per shape: N = 1, 8,
 //! 64 (decode) and 4,096 (prefill) at H = 2,048 and 7,168.
 //!
-//! `cargo bench -p nucleus-cli --bench moe` (add `-- 'N4096_H7168'` to filter). The operators
+//! `cargo bench -p nucleus-bench --bench moe` (add `-- 'N4096_H7168'` to filter). The operators
 //! run in a one-thread rayon pool that the bench thread itself belongs to. The prefill groups
 //! take 10 flat samples of one call each (a call takes 10-400 ms), so the whole bench finishes
 //! in a few minutes.
@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode};
 use half::bf16;
-use nucleus_cli::bench::moe::{Job, MoeBench, Shape};
-use nucleus_cli::bench::sampling::workload::DEFAULT_SEED;
+use nucleus_bench::moe::{Job, MoeBench, Shape};
+use nucleus_bench::sampling::workload::DEFAULT_SEED;
 
 fn moe(c: &mut Criterion) {
     let _pool = rayon::ThreadPoolBuilder::new()

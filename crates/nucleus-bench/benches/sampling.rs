@@ -1,16 +1,16 @@
 //! Criterion version of `nucleus bench sampling`: the same data, workloads, baselines and
-//! floors (`nucleus_cli::bench::sampling`), one thread, batch 1, vocab 32,000 and 151,936.
+//! floors (`nucleus_bench::sampling`), one thread, batch 1, vocab 32,000 and 151,936.
 //!
-//! `cargo bench -p nucleus-cli --bench sampling` (add `-- 'vocab151936'` to filter). The
+//! `cargo bench -p nucleus-bench --bench sampling` (add `-- 'vocab151936'` to filter). The
 //! sampler runs in a one-thread rayon pool that the bench thread itself belongs to, so no call
 //! pays a cross-thread hand-off.
 
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use nucleus_cli::bench::sampling::floors::Isa;
-use nucleus_cli::bench::sampling::workload::{workloads, DEFAULT_SEED};
-use nucleus_cli::bench::sampling::{Bench, Floor, Method};
+use nucleus_bench::sampling::floors::Isa;
+use nucleus_bench::sampling::workload::{workloads, DEFAULT_SEED};
+use nucleus_bench::sampling::{Bench, Floor, Method};
 
 fn sampling(c: &mut Criterion) {
     // This thread becomes the pool's only worker: par_iter in the sampler runs inline here.

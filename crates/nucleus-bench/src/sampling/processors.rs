@@ -21,7 +21,6 @@
 //! so: no timed call changes a chain's state (`process` and `sample` without `accept` leave
 //! it as it was), so every timed call does the same work. Rows run on the current rayon pool.
 
-use std::io::Write;
 use std::sync::Mutex;
 
 use anyhow::{anyhow, Context, Result};
@@ -29,10 +28,8 @@ use nucleus_sampling::chain::{ProcessorConfig, ProcessorContext, SamplerChain, S
 use nucleus_sampling::LogprobsKind;
 use rayon::prelude::*;
 
-use super::floors::Isa;
 use super::workload::{Logits, SplitMix64, HISTORY, SAMPLE_SEED};
-use super::{fmt_ratio, fmt_us, interleaved_medians, Bench, Config, Floor};
-use super::{AUTO_BUDGET, AUTO_MIN_RUNS};
+use super::{interleaved_medians, Bench, Config, Floor, FloorTimes};
 
 /// Ids of a long context ([`ContextKind::LongRandom`], [`ContextKind::LongRepeating`]).
 pub const LONG_CONTEXT: usize = 4_096;
@@ -561,10 +558,10 @@ const CHAIN_BYTES_PER_TOKEN: usize = 32;
 /// every case's chain per row (32 bytes per token, an estimate); `None` on overflow.
 pub fn buffer_bytes(batch: usize, vocab: usize) -> Option<usize> {
     let chains = cases().len();
-    super::super::total(&[
+    crate::memory::total(&[
         super::buffer_bytes(batch, vocab, 1),
-        super::super::product(&[batch, chains, LONG_CONTEXT, 4]),
-        super::super::product(&[batch, chains, vocab, CHAIN_BYTES_PER_TOKEN]),
+        crate::memory::product(&[batch, chains, LONG_CONTEXT, 4]),
+        crate::memory::product(&[batch, chains, vocab, CHAIN_BYTES_PER_TOKEN]),
     ])
 }
 
@@ -600,15 +597,7 @@ pub fn measure(
     procs: &ProcessorBench,
     iters: Option<usize>,
 ) -> Result<(Vec<f64>, Vec<Measured>)> {
-    let isa = Isa::best();
-    let mut jobs = vec![
-        Job::Floor(Floor::Max(isa)),
-        Job::Floor(Floor::MaxSumExp(isa)),
-    ];
-    if isa != Isa::Baseline {
-        jobs.push(Job::Floor(Floor::Max(Isa::Baseline)));
-        jobs.push(Job::Floor(Floor::MaxSumExp(Isa::Baseline)));
-    }
+    let mut jobs: Vec<Job> = super::table_floors().into_iter().map(Job::Floor).collect();
     let floor_jobs = jobs.len();
     jobs.extend((0..procs.cases.len()).map(Job::Case));
     let logits = bench.logits();
@@ -651,89 +640,63 @@ pub fn measure(
     Ok((floors.to_vec(), measured))
 }
 
-/// Measures and writes the processor table of `config` (Markdown) on the current rayon pool.
+/// A processor's chain entry as JSON (row 0's), listed under the processor table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Entry {
+    /// The case's label.
+    pub label: &'static str,
+    /// Its context.
+    pub context: ContextKind,
+    /// The `ProcessorConfig` entry of row 0, as JSON.
+    pub json: String,
+}
+
+/// What `nucleus bench sampling --processors` measured.
+#[derive(Clone, Debug)]
+pub struct ProcessorsReport {
+    /// The floors' medians.
+    pub floors: FloorTimes,
+    /// Every case of [`cases`], in order.
+    pub measured: Vec<Measured>,
+    /// The chain entry of every case that has a processor.
+    pub entries: Vec<Entry>,
+}
+
+/// Measures the processor table of `config` on the current rayon pool: [`measure`], and the
+/// chain entries.
 ///
 /// # Errors
-/// A case that fails, or a failed write.
-pub fn write_table(bench: &Bench, config: &Config, out: &mut (dyn Write + Send)) -> Result<()> {
+/// A case that fails.
+pub fn measure_table(bench: &Bench, config: &Config) -> Result<ProcessorsReport> {
     let procs = ProcessorBench::new(bench, config.seed)?;
     let (floors, measured) = measure(bench, &procs, config.iters)?;
-    let isa = Isa::best();
-    let sum_exp_us = floors[1];
-    let iters = match config.iters {
-        Some(n) => format!("{n} timed runs"),
-        None => format!(
-            "at least {AUTO_MIN_RUNS} timed runs, more within {} ms per measurement",
-            AUTO_BUDGET.as_millis()
-        ),
-    };
-    writeln!(
-        out,
-        "nucleus bench sampling --processors: vocab {}, batch {}, threads {}; µs per row, median of {iters}, all measurements interleaved",
-        config.vocab, config.batch, config.threads
-    )?;
-    write!(
-        out,
-        "floors ({}): max pass {} µs, max+sum-exp pass {} µs",
-        isa.name(),
-        fmt_us(floors[0]),
-        fmt_us(sum_exp_us)
-    )?;
-    if floors.len() == 4 {
-        write!(
-            out,
-            "; compiled for the build's target like nucleus: {} µs, {} µs",
-            fmt_us(floors[2]),
-            fmt_us(floors[3])
-        )?;
-    }
-    writeln!(out)?;
-    writeln!(
-        out,
-        "chain: SamplerChain::process with the processor alone (selections: SamplerChain::sample); processor: chain minus the same call with no processor on the same context"
-    )?;
-    writeln!(out)?;
-    writeln!(
-        out,
-        "| processor | context | chain µs | processor µs | chain/max+sum-exp | processor/max+sum-exp | processor within {TARGET}x |"
-    )?;
-    writeln!(out, "|---|---|---:|---:|---:|---:|---|")?;
-    for m in &measured {
-        let (own, own_ratio, verdict) = match m.processor_us {
-            Some(p) => {
-                let r = p / sum_exp_us;
-                let verdict = if r <= TARGET { "yes" } else { "no" };
-                (fmt_us(p), fmt_ratio(r), verdict)
-            }
-            None => ("-".to_string(), "-".to_string(), "(baseline)"),
-        };
-        writeln!(
-            out,
-            "| {} | {} | {} | {own} | {} | {own_ratio} | {verdict} |",
-            m.label,
-            m.context.name(),
-            fmt_us(m.chain_us),
-            fmt_ratio(m.chain_us / sum_exp_us),
-        )?;
-    }
-    writeln!(out)?;
-    writeln!(out, "chain entries (row 0, JSON):")?;
     let logits = bench.logits();
-    for (c, case) in procs.cases.iter().enumerate() {
-        if let Some(json) = procs.entry_json(logits, c) {
-            writeln!(out, "- {} ({}): `{json}`", case.label, case.context.name())?;
-        }
-    }
-    out.flush()?;
-    Ok(())
+    let entries = procs
+        .cases
+        .iter()
+        .enumerate()
+        .filter_map(|(c, case)| {
+            procs.entry_json(logits, c).map(|json| Entry {
+                label: case.label,
+                context: case.context,
+                json,
+            })
+        })
+        .collect();
+    Ok(ProcessorsReport {
+        floors: FloorTimes::from_medians(&floors),
+        measured,
+        entries,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sampling::{run, SamplingResults};
 
     /// The whole table on a tiny vocabulary, one timed run: every case builds, runs and gets a
-    /// row with numbers (no timing is asserted).
+    /// row with numbers (no timing is asserted), and every processor its JSON entry.
     #[test]
     fn bench_processor_table_runs_on_a_tiny_vocab() {
         let config = Config {
@@ -744,36 +707,27 @@ mod tests {
             processors: true,
             ..Config::default()
         };
-        let mut out = Vec::new();
-        super::super::run(&config, &mut out).unwrap();
-        let text = String::from_utf8(out).unwrap();
-        assert!(
-            text.starts_with("nucleus bench sampling --processors: vocab 64, batch 2, threads 1;"),
-            "{text}"
-        );
-        let rows: Vec<&str> = text
-            .lines()
-            .filter(|l| l.starts_with("| ") && !l.starts_with("| processor |"))
-            .collect();
+        let SamplingResults::Processors(report) = run(&config).unwrap() else {
+            panic!("the processor table was asked for");
+        };
         let cases = cases();
-        assert_eq!(rows.len(), cases.len(), "{text}");
-        for (row, case) in rows.iter().zip(&cases) {
-            let cells: Vec<&str> = row.trim_matches('|').split('|').map(str::trim).collect();
-            assert_eq!(cells.len(), 7, "{row}");
-            assert_eq!(cells[0], case.label);
-            assert_eq!(cells[1], case.context.name());
-            let number = |c: &str| c.trim_end_matches('x').parse::<f64>().is_ok();
-            assert!(number(cells[2]) && number(cells[4]), "{row}");
-            if case.is_baseline() {
-                assert_eq!(cells[6], "(baseline)", "{row}");
-            } else {
-                assert!(number(cells[3]) && number(cells[5]), "{row}");
-                assert!(cells[6] == "yes" || cells[6] == "no", "{row}");
-            }
+        assert_eq!(report.measured.len(), cases.len());
+        for (m, case) in report.measured.iter().zip(&cases) {
+            assert_eq!(m.label, case.label);
+            assert_eq!(m.context, case.context);
+            assert!(m.chain_us.is_finite() && m.chain_us >= 0.0, "{m:?}");
+            assert_eq!(m.processor_us.is_none(), case.is_baseline(), "{m:?}");
+            assert!(m.processor_us.is_none_or(f64::is_finite), "{m:?}");
         }
-        // Every processor's entry is listed as JSON.
-        let listed = text.lines().filter(|l| l.starts_with("- ")).count();
-        assert_eq!(listed, cases.iter().filter(|c| !c.is_baseline()).count());
+        assert!(report.floors.max_us >= 0.0 && report.floors.max_sum_exp_us >= 0.0);
+        let listed: Vec<&str> = report.entries.iter().map(|e| e.label).collect();
+        let processors: Vec<&str> = cases
+            .iter()
+            .filter(|c| !c.is_baseline())
+            .map(|c| c.label)
+            .collect();
+        assert_eq!(listed, processors);
+        assert!(report.entries.iter().all(|e| e.json.starts_with('{')));
     }
 
     /// Every non-baseline case has a baseline of its step and context, and the long contexts

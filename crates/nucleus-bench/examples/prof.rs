@@ -1,7 +1,7 @@
 //! One workload of `nucleus bench sampling`, back to back, for a profiler:
 //!
 //! ```sh
-//! cargo build --release -p nucleus-cli --example prof
+//! cargo build --release -p nucleus-bench --example prof
 //! perf record ./target/release/examples/prof 1 3000 1   # workload (b), 3000 calls, 1 thread
 //! ```
 //!
@@ -14,9 +14,9 @@
 
 use std::time::Instant;
 
-use nucleus_cli::bench::sampling::floors::Isa;
-use nucleus_cli::bench::sampling::workload::{workloads, DEFAULT_SEED};
-use nucleus_cli::bench::sampling::{Bench, Floor, Method};
+use nucleus_bench::sampling::floors::Isa;
+use nucleus_bench::sampling::workload::{workloads, DEFAULT_SEED};
+use nucleus_bench::sampling::{Bench, Floor, Method};
 
 fn arg(i: usize, default: usize) -> usize {
     std::env::args()

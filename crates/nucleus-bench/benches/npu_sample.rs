@@ -1,15 +1,15 @@
 //! Criterion version of `nucleus bench npu-sample`: the same data, scenarios, reference and
-//! floor (`nucleus_cli::bench::npu_sample`), one thread, batch 1, vocab 32,000 and 151,936.
+//! floor (`nucleus_bench::npu_sample`), one thread, batch 1, vocab 32,000 and 151,936.
 //!
-//! `cargo bench -p nucleus-cli --bench npu_sample` (add `-- 'vocab151936'` to filter). The
+//! `cargo bench -p nucleus-bench --bench npu_sample` (add `-- 'vocab151936'` to filter). The
 //! operator runs in a one-thread rayon pool that the bench thread itself belongs to.
 
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use nucleus_cli::bench::npu_sample::{Method, NpuBench, Scenario};
-use nucleus_cli::bench::sampling::floors::Isa;
-use nucleus_cli::bench::sampling::workload::DEFAULT_SEED;
+use nucleus_bench::npu_sample::{Method, NpuBench, Scenario};
+use nucleus_bench::sampling::floors::Isa;
+use nucleus_bench::sampling::workload::DEFAULT_SEED;
 
 fn npu_sample(c: &mut Criterion) {
     let _pool = rayon::ThreadPoolBuilder::new()

@@ -46,7 +46,7 @@ impl CandleLogits {
     pub fn new(logits: &Logits) -> Result<Self> {
         // A copy whose memory is reserved first (candle's own copy would abort when it cannot
         // be had), moved into the tensor.
-        let copy = crate::bench::try_collect(
+        let copy = crate::try_collect(
             logits.data.len(),
             logits.data.iter().copied(),
             "candle's copy of the logits",

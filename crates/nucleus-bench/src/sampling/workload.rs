@@ -141,10 +141,10 @@ impl Logits {
             .checked_mul(vocab)
             .ok_or_else(|| anyhow::anyhow!("{batch} x {vocab} logits overflow usize"))?;
         let mut rng = SplitMix64::new(seed);
-        let mut data = crate::bench::try_collect(cells, std::iter::empty(), "the logits")?;
-        let mut spikes = crate::bench::try_collect(batch, std::iter::empty(), "the spikes")?;
-        let mut base_max = crate::bench::try_collect(batch, std::iter::empty(), "the row maxima")?;
-        let mut history = crate::bench::try_collect(batch, std::iter::empty(), "the histories")?;
+        let mut data = crate::try_collect(cells, std::iter::empty(), "the logits")?;
+        let mut spikes = crate::try_collect(batch, std::iter::empty(), "the spikes")?;
+        let mut base_max = crate::try_collect(batch, std::iter::empty(), "the row maxima")?;
+        let mut history = crate::try_collect(batch, std::iter::empty(), "the histories")?;
         for _ in 0..batch {
             let start = data.len();
             let sd = match body {
@@ -156,7 +156,7 @@ impl Logits {
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             if body == Body::Flat {
                 base_max.push(max);
-                history.push(crate::bench::try_collect(
+                history.push(crate::try_collect(
                     HISTORY,
                     std::iter::repeat_with(|| rng.below(vocab as u64) as u32),
                     "a history",
@@ -177,7 +177,7 @@ impl Logits {
             }
             spikes.push(at);
             base_max.push(max);
-            history.push(crate::bench::try_collect(
+            history.push(crate::try_collect(
                 HISTORY,
                 std::iter::repeat_with(|| rng.below(vocab as u64) as u32),
                 "a history",

@@ -171,7 +171,7 @@ mod tests {
     use nucleus_sampling::SampleRequest;
 
     use super::*;
-    use crate::bench::sampling::workload::{workloads, Logits, HISTORY};
+    use crate::sampling::workload::{workloads, Logits, HISTORY};
 
     /// The baseline computes what nucleus-sampling computes: same distribution within 1e-6 for
     /// every workload, and its draws fall inside the support.
