@@ -16,7 +16,7 @@
 //!   temperature 0, `Engine::step` until every request is done.
 //! - llama.cpp (feature `llama-cpp`, the llama-cpp-2 crate): `llama_model_load_from_file`
 //!   with mmap and `llama_init_from_model` (the load: the context holds the KV cache, of
-//!   [`KvCacheType`], F16 by default as in llama.cpp), `--threads` threads for both prefill and
+//!   [`Config::kv_cache_dtype`], F16 by default as in llama.cpp), `--threads` threads for both prefill and
 //!   decode; prefill is one `llama_decode` of a `llama_batch` holding every prompt (sequence
 //!   `i` has seq id `i`, positions `0..P`, logits at its last token), each decode step one
 //!   `llama_decode` of a batch of `batch` tokens, one per sequence. Greedy is the argmax of the
@@ -37,7 +37,9 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use nucleus_engine::{load_model, Engine, EngineConfig, Prompt, Request, SamplingParams};
+use nucleus_engine::{
+    load_model, Engine, EngineConfig, KvCacheDtype, Prompt, Request, SamplingParams,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::ParamError;
@@ -65,22 +67,13 @@ pub struct Config {
     pub rounds: usize,
     /// Whether llama.cpp runs too (needs feature `llama-cpp`).
     pub llama_cpp: bool,
-    /// llama.cpp's KV cache type (`type_k` and `type_v` of its context).
-    pub llama_kv_cache: KvCacheType,
+    /// The KV cache's element type of both engines (nucleus's
+    /// [`EngineConfig::kv_cache_dtype`], llama.cpp's `type_k` and `type_v`).
+    pub kv_cache_dtype: KvCacheDtype,
 }
 
 /// Whether this build has llama.cpp (feature `llama-cpp`).
 pub const LLAMA_CPP_BUILT: bool = cfg!(feature = "llama-cpp");
-
-/// The KV cache's element type of llama.cpp's context (`type_k` and `type_v`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub enum KvCacheType {
-    /// IEEE binary16, llama.cpp's default.
-    #[default]
-    F16,
-    /// IEEE binary32.
-    F32,
-}
 
 /// An engine timed by `nucleus bench generate`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -353,7 +346,14 @@ fn nucleus_round(args: &Config) -> Result<RoundResult> {
     let load = start.elapsed();
     let config = loaded.model.config().clone();
     beyond_context(args, config.context_length)?;
-    let mut engine = Engine::new(loaded.model, loaded.tokenizer, EngineConfig::default());
+    let mut engine = Engine::new(
+        loaded.model,
+        loaded.tokenizer,
+        EngineConfig {
+            kv_cache_dtype: args.kv_cache_dtype,
+            ..EngineConfig::default()
+        },
+    );
     let vocab = config.vocab_size;
     let mut first = None;
     for r in 0..args.batch {
@@ -644,7 +644,7 @@ mod tests {
             threads: 1,
             rounds: 1,
             llama_cpp: true,
-            llama_kv_cache: KvCacheType::F16,
+            kv_cache_dtype: KvCacheDtype::F16,
         };
         let checked = check_params(&config);
         assert_eq!(checked.is_ok(), LLAMA_CPP_BUILT);

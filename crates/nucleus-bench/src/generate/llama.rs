@@ -14,7 +14,7 @@ use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
 
-use super::{beyond_context, prompt_ids, rss_bytes, Config, EngineKind, KvCacheType, RoundResult};
+use super::{beyond_context, prompt_ids, rss_bytes, Config, EngineKind, RoundResult};
 
 /// The argmax of `logits` (the lowest id among equal largest values) and the gap between the
 /// largest and the second largest value (0 for a tie; `f32::INFINITY` for a row of one).
@@ -52,9 +52,9 @@ pub(super) fn round(args: &Config) -> Result<RoundResult> {
     backend.void_logs();
     let (batch, p, g) = (args.batch, args.prompt_tokens, args.gen_tokens);
     let threads = int(args.threads, "--threads")?;
-    let kv = match args.llama_kv_cache {
-        KvCacheType::F16 => LlamaKvType::F16,
-        KvCacheType::F32 => LlamaKvType::F32,
+    let kv = match args.kv_cache_dtype {
+        nucleus_engine::KvCacheDtype::F16 => LlamaKvType::F16,
+        nucleus_engine::KvCacheDtype::F32 => LlamaKvType::F32,
     };
     let per_sequence = p + g;
     let n_ctx =

@@ -9,8 +9,7 @@ use std::process::Command;
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use nucleus_bench::generate::{
-    spread, Config, EngineKind, KvCacheType, Round, RoundResult, TokenComparison, LLAMA_CPP_BUILT,
-    NEAR_TIE_GAP,
+    spread, Config, EngineKind, Round, RoundResult, TokenComparison, LLAMA_CPP_BUILT, NEAR_TIE_GAP,
 };
 
 /// The flags of `nucleus bench generate`.
@@ -36,6 +35,9 @@ pub struct BenchGenerateArgs {
     /// own); figures are their medians.
     #[arg(long, default_value_t = 5)]
     pub rounds: usize,
+    /// The KV cache's element type of both engines: `f16` (the default of both) or `f32`.
+    #[arg(long, value_name = "DTYPE", default_value = "f16", value_parser = crate::model::parse_kv_cache_dtype)]
+    pub kv_cache_dtype: nucleus_engine::KvCacheDtype,
     /// Leave llama.cpp out in a build with feature llama-cpp.
     #[arg(long)]
     pub no_llama_cpp: bool,
@@ -81,7 +83,7 @@ pub fn run(args: &BenchGenerateArgs, out: &mut dyn Write) -> Result<()> {
         threads: args.threads,
         rounds: args.rounds,
         llama_cpp: LLAMA_CPP_BUILT && !args.no_llama_cpp,
-        llama_kv_cache: KvCacheType::F16,
+        kv_cache_dtype: args.kv_cache_dtype,
     };
     if let Some(engine) = args.one_round {
         let result = nucleus_bench::generate::one_round(engine.into(), &config)?;
@@ -100,6 +102,7 @@ pub fn run(args: &BenchGenerateArgs, out: &mut dyn Write) -> Result<()> {
             .args(["--batch", &args.batch.to_string()])
             .args(["--threads", &args.threads.to_string()])
             .args(["--rounds", "1"])
+            .args(["--kv-cache-dtype", args.kv_cache_dtype.as_str()])
             .args(["--one-round", engine.name()]);
         if args.no_llama_cpp {
             cmd.arg("--no-llama-cpp");
