@@ -202,6 +202,9 @@ fn greedy_logprobs_are_the_models_log_softmax() {
             "3",
             "--format",
             "json",
+            // The oracle runs the model with an f32 KV cache (`new_cache`).
+            "--kv-cache-dtype",
+            "f32",
         ],
         None,
     );

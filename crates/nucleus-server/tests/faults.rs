@@ -19,8 +19,8 @@ impl CausalLm for Flaky {
     fn device(&self) -> &Device {
         self.0.device()
     }
-    fn new_cache(&self) -> KvCache {
-        self.0.new_cache()
+    fn new_cache_of(&self, dtype: nucleus_engine::KvCacheDtype) -> KvCache {
+        self.0.new_cache_of(dtype)
     }
     fn forward(&self, batch: &mut [SeqInput<'_>]) -> nucleus_engine::Result<candle_core::Tensor> {
         if batch.iter().any(|s| s.tokens == POISON) {

@@ -232,9 +232,10 @@ impl Weight {
 /// `gemm` block by block.
 pub(crate) const SMALL_BATCH: usize = 8;
 
-/// Weight rows converted and multiplied per `gemm` call (prefill): 64 rows of 5,632 values are
-/// 1.4 MiB of f32, within a core's L2.
-const BLOCK_ROWS: usize = 64;
+/// Weight rows converted and multiplied per `gemm` call (prefill): 512 rows of 5,632 values are
+/// 11 MiB of f32 scratch per thread (measured faster than 64-row blocks and than one block per
+/// thread on the 0.85 B model: BENCHMARKS.md, "Generation").
+const BLOCK_ROWS: usize = 512;
 
 /// Weight rows per task of the dot-product kernel.
 const TASK_ROWS: usize = 32;
@@ -254,10 +255,10 @@ pub(crate) fn half_matmul(w: &HalfMatrix, x: &[f32], t: usize, y: &mut [f32]) {
         let mut yt = vec![0f32; rows * t];
         let task = |(i, out): (usize, &mut [f32])| {
             let r0 = i * TASK_ROWS;
+            let row = |j: usize| &values[(r0 + j) * cols..(r0 + j + 1) * cols];
             for (j, o) in out.chunks_exact_mut(t).enumerate() {
-                let row = &values[(r0 + j) * cols..(r0 + j + 1) * cols];
                 for (s, v) in o.iter_mut().enumerate() {
-                    *v = dot(w.kind, row, &x[s * cols..(s + 1) * cols]);
+                    *v = dot(w.kind, row(j), &x[s * cols..(s + 1) * cols]);
                 }
             }
         };
@@ -278,10 +279,11 @@ pub(crate) fn half_matmul(w: &HalfMatrix, x: &[f32], t: usize, y: &mut [f32]) {
         return;
     }
     let dst = SendPtr(y.as_mut_ptr());
-    let blocks = rows.div_ceil(BLOCK_ROWS);
+    let block_rows = BLOCK_ROWS;
+    let blocks = rows.div_ceil(block_rows);
     let block = |scratch: &mut Vec<f32>, b: usize| {
-        let r0 = b * BLOCK_ROWS;
-        let n = BLOCK_ROWS.min(rows - r0);
+        let r0 = b * block_rows;
+        let n = block_rows.min(rows - r0);
         scratch.resize(n * cols, 0.0);
         convert_half(w.kind, &values[r0 * cols..(r0 + n) * cols], scratch);
         // SAFETY: `x` is [t, cols] row-major, `scratch` [n, cols] row-major (read as the
@@ -469,7 +471,13 @@ mod x86 {
         for j in body..n {
             tail = super::to_f32(kind, w[j]).mul_add(x[j], tail);
         }
-        // (g0 + g1) + (g2 + g3), then halves, then pairs: `super::reduce`'s order.
+        finish(a, tail)
+    }
+
+    /// The 32 lanes of 4 accumulators reduced in `super::reduce`'s order ((g0 + g1) + (g2 +
+    /// g3), then halves, then pairs), plus the tail.
+    #[inline(always)]
+    unsafe fn finish(a: [__m256; 4], tail: f32) -> f32 {
         let g = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
         let h = _mm_add_ps(_mm256_castps256_ps128(g), _mm256_extractf128_ps::<1>(g));
         let q = _mm_add_ps(h, _mm_movehl_ps(h, h));
