@@ -7,13 +7,14 @@
 //! # Layout
 //! Per layer, one key and one value tensor, shape `[n_kv_head, capacity, head_dim]`, of which
 //! positions `0..len()` are valid, in the cache's [`KvCacheDtype`]: f16 (the engine's default,
-//! as llama.cpp's `--cache-type-k/v f16`: half the memory and half the bytes attention reads) or
-//! f32 (exact). Keys are stored after RoPE (as llama.cpp stores them). New
+//! as llama.cpp's `--cache-type-k/v f16`: half the memory) or f32 (exact). Keys are stored after RoPE (as llama.cpp stores them). New
 //! entries are written in place (`Tensor::slice_set`); when the capacity is reached the storage is
 //! reallocated at twice the capacity (at least the needed length, at most the model's context
 //! length), so appending `n` tokens costs `O(n)` amortised and the cache is never re-concatenated.
 //! Attention reads the valid prefix of an f32 cache as a view (`narrow`), without a copy, and
-//! that of an f16 cache converted to f32 in one pass (exact: every f16 value is an f32 value);
+//! that of an f16 cache converted to f32 in one pass per layer and step (exact: every f16 value
+//! is an f32 value; a temporary f32 copy of one layer's keys and values, which attention then
+//! reads);
 //! new f32 keys and values are rounded to the nearest f16 when written (`half`'s `from_f32`,
 //! round to nearest even; beyond the f16 range they become infinities).
 //! [`KvCache::copies`] counts the times valid positions were copied (growth, copy-on-write).

@@ -239,7 +239,10 @@ pub(crate) fn transformer_from_gguf<R: Read + Seek>(
         used: Default::default(),
     };
     // The embedding fixes the vocabulary size.
-    let token_embd = loader.weight(reader, "token_embd.weight", None, hidden_size)?;
+    // Without `output.weight` the embedding is also the LM head (multiplied); with it, the
+    // embedding is only looked up, and is not warmed up (candle would pack tiles never used).
+    let tied = !content.tensor_infos.contains_key("output.weight");
+    let token_embd = loader.weight_warm(reader, "token_embd.weight", None, hidden_size, tied)?;
     let vocab_size = token_embd.dims().0;
 
     let q_rows = n_head * head_dim;
@@ -559,6 +562,19 @@ impl TensorLoader<'_> {
         rows: Option<usize>,
         cols: usize,
     ) -> Result<Weight> {
+        self.weight_warm(reader, name, rows, cols, true)
+    }
+
+    /// [`TensorLoader::weight`], with the warm-up of a quantized matrix read in place only when
+    /// `warm` (a matrix that is multiplied; an embedding only looked up is not).
+    fn weight_warm<R: Read + Seek>(
+        &self,
+        reader: &mut R,
+        name: &str,
+        rows: Option<usize>,
+        cols: usize,
+        warm: bool,
+    ) -> Result<Weight> {
         let info = self.check_2d(name, rows, cols)?;
         let dims = info.shape.dims().to_vec();
         let rows = dims[0];
@@ -587,11 +603,17 @@ impl TensorLoader<'_> {
             if let Some(q) = mapped_qtensor(info.ggml_dtype, map, offset, bytes, &dims) {
                 self.used.borrow_mut().insert(name.to_string());
                 let m = self.matmul(q, name)?;
-                self.warm_up(&m, cols, name)?;
+                if warm {
+                    self.warm_up(&m, cols, name)?;
+                }
                 release(map, offset, bytes);
                 return Ok(Weight::Candle(m));
             }
         }
+        // The copy below reads the blocks as typed values: only from an aligned start (the
+        // parser guarantees 8-aligned tensor data; otherwise the tensor is read).
+        let located = located
+            .filter(|(map, offset)| (map.as_ptr() as usize + offset).is_multiple_of(BLOCK_ALIGN));
         let q = match located {
             Some((map, offset)) => {
                 self.used.borrow_mut().insert(name.to_string());
@@ -706,6 +728,8 @@ impl TensorLoader<'_> {
                 return Ok(weights);
             }
         }
+        let located = located
+            .filter(|(map, offset)| (map.as_ptr() as usize + offset).is_multiple_of(BLOCK_ALIGN));
         let read;
         let data: &[u8] = match located {
             Some((map, offset)) => {
@@ -833,20 +857,33 @@ fn half_kind(dtype: GgmlDType) -> Option<HalfKind> {
 /// (quantized blocks), so the copy is the one the process keeps resident; the file's bytes stay
 /// readable (read-only file-backed pages are read again from the page cache if touched).
 fn release(map: &memmap2::Mmap, offset: usize, len: usize) {
-    // Whole pages only: the pages shared with a neighbouring tensor that is used in place stay.
-    let page = 4096;
+    // Whole 64 KiB windows only (a multiple of every page size in use: 4, 16 and 64 KiB), so
+    // the pages shared with a neighbouring tensor used in place stay.
+    let page = 64 << 10;
     let base = map.as_ptr() as usize;
     let first = (base + offset).next_multiple_of(page) - base;
     let last = (base + offset + len) / page * page - base;
     if last > first {
-        // SAFETY: DontNeed on a read-only private file mapping drops our page-table entries;
-        // later reads of those pages see the file's bytes again (nothing was written to them),
-        // so no reference into the map is invalidated.
-        let r = unsafe {
-            map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, first, last - first)
-        };
-        if let Err(e) = r {
-            tracing::debug!(error = %e, "madvise(DONTNEED) on a copied tensor failed");
-        }
+        advise_dont_need(map, first, last - first);
     }
 }
+
+/// `madvise(MADV_DONTNEED)` on `len` bytes of `map` from `offset` (page-aligned), logged when
+/// it fails; nothing off Unix.
+#[cfg(unix)]
+fn advise_dont_need(map: &memmap2::Mmap, offset: usize, len: usize) {
+    // SAFETY: DontNeed on a read-only shared file mapping drops our page-table entries; later
+    // reads of those pages fault the file's bytes in again (nothing was written to them), so
+    // no reference into the map is invalidated.
+    let r = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len) };
+    if let Err(e) = r {
+        tracing::debug!(error = %e, "madvise(DONTNEED) on a copied tensor failed");
+    }
+}
+
+#[cfg(not(unix))]
+fn advise_dont_need(_map: &memmap2::Mmap, _offset: usize, _len: usize) {}
+
+/// The largest alignment of a ggml block type (their f16 scales): the copy of quantized blocks
+/// out of the map (`qtensor_from_ggml`) reads them as typed values.
+const BLOCK_ALIGN: usize = 8;
