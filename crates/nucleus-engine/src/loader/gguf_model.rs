@@ -860,11 +860,13 @@ fn release(map: &memmap2::Mmap, offset: usize, len: usize) {
     // Whole 64 KiB windows only (a multiple of every page size in use: 4, 16 and 64 KiB), so
     // the pages shared with a neighbouring tensor used in place stay.
     let page = 64 << 10;
+    // Absolute addresses: the window's start is at or after the tensor's, so at or after the
+    // map's; its end may fall before the map's start (a small tensor near it), then nothing.
     let base = map.as_ptr() as usize;
-    let first = (base + offset).next_multiple_of(page) - base;
-    let last = (base + offset + len) / page * page - base;
-    if last > first {
-        advise_dont_need(map, first, last - first);
+    let start = (base + offset).next_multiple_of(page);
+    let end = (base + offset + len) / page * page;
+    if end > start {
+        advise_dont_need(map, start - base, end - start);
     }
 }
 
