@@ -19,6 +19,9 @@ use nucleus_engine::{
 
 const PROMPT: [u32; 7] = [1, 345, 2001, 17, 6399, 88, 4000];
 const DECODE: [u32; 5] = [9, 512, 3, 1234, 6000];
+/// A prompt longer than the decode kernels' batch (`SMALL_BATCH`, 8): its prefill goes
+/// through the prefill kernels.
+const LONG_PROMPT: [u32; 13] = [1, 345, 2001, 17, 6399, 88, 4000, 5, 77, 3131, 12, 999, 64];
 
 fn run(model: &dyn CausalLm, cache: &mut KvCache, tokens: &[u32]) -> Result<Vec<f32>> {
     let logits = model.forward(&mut [SeqInput { tokens, cache }])?;
@@ -27,10 +30,15 @@ fn run(model: &dyn CausalLm, cache: &mut KvCache, tokens: &[u32]) -> Result<Vec<
 
 /// The logits after the prompt (one prefill) and after each decoded token.
 fn steps(loaded: &LoadedModel, dtype: KvCacheDtype) -> Result<Vec<Vec<f32>>> {
+    steps_after(loaded, dtype, &PROMPT)
+}
+
+/// [`steps`] after `prompt`.
+fn steps_after(loaded: &LoadedModel, dtype: KvCacheDtype, prompt: &[u32]) -> Result<Vec<Vec<f32>>> {
     let model = &loaded.model;
     let mut cache = model.new_cache_of(dtype);
     assert_eq!(cache.dtype(), dtype);
-    let mut out = vec![run(model, &mut cache, &PROMPT)?];
+    let mut out = vec![run(model, &mut cache, prompt)?];
     for t in DECODE {
         out.push(run(model, &mut cache, &[t])?);
     }
@@ -78,10 +86,11 @@ fn rounded_matrices(weights: &common::hf::Weights, dtype: DType) -> Result<commo
     Ok(held)
 }
 
-/// Loading from the path maps the file (f16 / bf16 matrices used in place, quantized blocks
-/// copied from the map); loading from a reader reads every tensor. Both must compute the same
-/// bits, in every weight type, and f16 / bf16 must match the f64 reference of the rounded
-/// weights (1e-4: f32 rounding in another order, on logits of O(1)).
+/// Loading from the path maps the file (f16 / bf16 matrices and quantized blocks used in
+/// place); loading from a reader reads every tensor. Both must compute the same bits, in every
+/// weight type, in decode and in a prefill long enough for the prefill kernels, and f16 / bf16
+/// must match the f64 reference of the rounded weights (1e-4: f32 rounding in another order,
+/// on logits of O(1)).
 #[test]
 fn mapped_and_read_gguf_files_compute_the_same_bits() -> Result<()> {
     let config = tiny_config("llama");
@@ -101,6 +110,13 @@ fn mapped_and_read_gguf_files_compute_the_same_bits() -> Result<()> {
         let a = steps(&mapped, KvCacheDtype::F32)?;
         let b = steps(&read, KvCacheDtype::F32)?;
         assert_eq!(bits(&a), bits(&b), "{dtype:?}: mapped vs read");
+        let long_a = steps_after(&mapped, KvCacheDtype::F32, &LONG_PROMPT)?;
+        let long_b = steps_after(&read, KvCacheDtype::F32, &LONG_PROMPT)?;
+        assert_eq!(
+            bits(&long_a),
+            bits(&long_b),
+            "{dtype:?}: mapped vs read, long prompt"
+        );
         let exact = match dtype {
             GgmlDType::F16 => Some(DType::F16),
             GgmlDType::BF16 => Some(DType::BF16),

@@ -14,7 +14,7 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::error::{candle_message, invalid, quote, EngineError, Result};
 use crate::gguf::{md_f64, md_str, md_usize};
-use crate::models::mapped_quant::mapped_qtensor;
+use crate::models::quant::{mapped_quant, owned_quant};
 use crate::models::transformer::{FeedForward, LayerWeights, Linear, Mlp, ModelConfig, Weights};
 use crate::models::weight::{HalfKind, HalfMatrix, Weight};
 use crate::models::{MoeConfig, RopeConfig, RopeLayout, RopeScaling, SparseMoe, Transformer};
@@ -239,10 +239,7 @@ pub(crate) fn transformer_from_gguf<R: Read + Seek>(
         used: Default::default(),
     };
     // The embedding fixes the vocabulary size.
-    // Without `output.weight` the embedding is also the LM head (multiplied); with it, the
-    // embedding is only looked up, and is not warmed up (candle would pack tiles never used).
-    let tied = !content.tensor_infos.contains_key("output.weight");
-    let token_embd = loader.weight_warm(reader, "token_embd.weight", None, hidden_size, tied)?;
+    let token_embd = loader.weight(reader, "token_embd.weight", None, hidden_size)?;
     let vocab_size = token_embd.dims().0;
 
     let q_rows = n_head * head_dim;
@@ -552,28 +549,17 @@ impl TensorLoader<'_> {
     }
 
     /// The 2-D matrix `name` (the checks of [`TensorLoader::check_2d`]) as a [`Weight`] in
-    /// its stored type: f16 / bf16 as a [`HalfMatrix`] (in place in the file's map when it is
-    /// mapped, else read), other types with candle's `QMatMul` (quantized blocks copied once
-    /// from the map, whose pages are then released, or read).
+    /// its stored type: f16 / bf16 as a [`HalfMatrix`] and quantized blocks as a
+    /// [`crate::models::mapped_quant::MappedQuant`], in place in the file's map when it is
+    /// mapped; otherwise (no map, or quantized blocks the map cannot hold in place) with
+    /// candle's `QMatMul` (blocks copied once from the map, whose pages are then released, or
+    /// read), f16 / bf16 read into a [`HalfMatrix`].
     fn weight<R: Read + Seek>(
         &self,
         reader: &mut R,
         name: &str,
         rows: Option<usize>,
         cols: usize,
-    ) -> Result<Weight> {
-        self.weight_warm(reader, name, rows, cols, true)
-    }
-
-    /// [`TensorLoader::weight`], with the warm-up of a quantized matrix read in place only when
-    /// `warm` (a matrix that is multiplied; an embedding only looked up is not).
-    fn weight_warm<R: Read + Seek>(
-        &self,
-        reader: &mut R,
-        name: &str,
-        rows: Option<usize>,
-        cols: usize,
-        warm: bool,
     ) -> Result<Weight> {
         let info = self.check_2d(name, rows, cols)?;
         let dims = info.shape.dims().to_vec();
@@ -600,54 +586,68 @@ impl TensorLoader<'_> {
             )));
         }
         if let Some((map, offset)) = located {
-            if let Some(q) = mapped_qtensor(info.ggml_dtype, map, offset, bytes, &dims) {
+            if let Some(q) = mapped_quant(info.ggml_dtype, map, offset, bytes, rows, cols) {
                 self.used.borrow_mut().insert(name.to_string());
-                let m = self.matmul(q, name)?;
-                if warm {
-                    self.warm_up(&m, cols, name)?;
-                }
-                release(map, offset, bytes);
-                return Ok(Weight::Candle(m));
+                return Ok(Weight::Quant(q));
             }
         }
-        // The copy below reads the blocks as typed values: only from an aligned start (the
-        // parser guarantees 8-aligned tensor data; otherwise the tensor is read).
-        let located = located
-            .filter(|(map, offset)| (map.as_ptr() as usize + offset).is_multiple_of(BLOCK_ALIGN));
-        let q = match located {
+        // Not in place (no map, or a start not aligned for the blocks): the blocks copied once.
+        let read;
+        let data: &[u8] = match located {
             Some((map, offset)) => {
                 self.used.borrow_mut().insert(name.to_string());
-                let q = qtensor_from_ggml(
-                    info.ggml_dtype,
-                    &map[offset..offset + bytes],
-                    dims.clone(),
-                    self.device,
-                )
-                .map_err(|e| {
-                    invalid(
-                        self.path,
-                        format!("tensor `{name}`: {}", candle_message(&e)),
-                    )
-                })?;
-                release(map, offset, bytes);
-                q
+                &map[offset..offset + bytes]
             }
-            None => self.read(reader, name, &dims)?,
+            None => {
+                read = self.read_bytes(reader, name, &dims)?;
+                &read
+            }
         };
-        Ok(Weight::Candle(self.matmul(q, name)?))
+        let weight = match owned_quant(info.ggml_dtype, data, rows, cols) {
+            Some(q) => Weight::Quant(q),
+            // f32: candle's QMatMul, its values copied out of the map as typed values (only
+            // from an aligned start; the parser guarantees 8-aligned tensor data), else read.
+            None => {
+                let aligned = located
+                    .filter(|_| (data.as_ptr() as usize).is_multiple_of(BLOCK_ALIGN))
+                    .is_some();
+                let q = if aligned {
+                    qtensor_from_ggml(info.ggml_dtype, data, dims.clone(), self.device).map_err(
+                        |e| {
+                            invalid(
+                                self.path,
+                                format!("tensor `{name}`: {}", candle_message(&e)),
+                            )
+                        },
+                    )?
+                } else {
+                    self.read(reader, name, &dims)?
+                };
+                Weight::Candle(self.matmul(q, name)?)
+            }
+        };
+        if let Some((map, offset)) = located {
+            release(map, offset, bytes);
+        }
+        Ok(weight)
     }
 
-    /// Runs one row of zeros through a quantized matrix read in place, so that candle packs
-    /// it now if it packs it for one row (its x86 tiles), before its mapped pages are released.
-    fn warm_up(&self, m: &QMatMul, cols: usize, name: &str) -> Result<()> {
-        use candle_core::Module;
-        let x = Tensor::zeros((1, cols), DType::F32, self.device)?;
-        m.forward(&x).map(drop).map_err(|e| {
+    /// The bytes of tensor `name` of shape `dims`, read from `reader` (the checks of
+    /// [`TensorLoader::read`]).
+    fn read_bytes<R: Read + Seek>(
+        &self,
+        reader: &mut R,
+        name: &str,
+        dims: &[usize],
+    ) -> Result<Vec<u8>> {
+        let q = self.read(reader, name, dims)?;
+        let data = q.data().map_err(|e| {
             invalid(
                 self.path,
                 format!("tensor `{name}`: {}", candle_message(&e)),
             )
-        })
+        })?;
+        Ok(data.into_owned())
     }
 
     /// The bytes of tensor `name` of shape `dims`, checked not to overflow.
@@ -712,20 +712,11 @@ impl TensorLoader<'_> {
         }
         if let Some((map, offset)) = located {
             let mapped = (0..experts)
-                .map(|e| mapped_qtensor(dtype, map, offset + e * per, per, &[rows, cols]))
+                .map(|e| mapped_quant(dtype, map, offset + e * per, per, rows, cols))
                 .collect::<Option<Vec<_>>>();
             if let Some(mapped) = mapped {
                 self.used.borrow_mut().insert(name.to_string());
-                let weights = mapped
-                    .into_iter()
-                    .map(|q| {
-                        let m = self.matmul(q, name)?;
-                        self.warm_up(&m, cols, name)?;
-                        Ok(Weight::Candle(m))
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                release(map, offset, bytes);
-                return Ok(weights);
+                return Ok(mapped.into_iter().map(Weight::Quant).collect());
             }
         }
         let located = located
@@ -737,16 +728,7 @@ impl TensorLoader<'_> {
                 &map[offset..offset + bytes]
             }
             None => {
-                let q = self.read(reader, name, dims)?;
-                read = q
-                    .data()
-                    .map_err(|e| {
-                        invalid(
-                            self.path,
-                            format!("tensor `{name}`: {}", candle_message(&e)),
-                        )
-                    })?
-                    .into_owned();
+                read = self.read_bytes(reader, name, dims)?;
                 &read
             }
         };
@@ -760,18 +742,18 @@ impl TensorLoader<'_> {
                         cols,
                     )));
                 }
-                let part = qtensor_from_ggml(
-                    dtype,
-                    &data[e * per..(e + 1) * per],
-                    vec![rows, cols],
-                    self.device,
-                )
-                .map_err(|err| {
-                    invalid(
-                        self.path,
-                        format!("tensor `{name}`, expert {e}: {}", candle_message(&err)),
-                    )
-                })?;
+                let part = &data[e * per..(e + 1) * per];
+                if let Some(q) = owned_quant(dtype, part, rows, cols) {
+                    return Ok(Weight::Quant(q));
+                }
+                let part = qtensor_from_ggml(dtype, part, vec![rows, cols], self.device).map_err(
+                    |err| {
+                        invalid(
+                            self.path,
+                            format!("tensor `{name}`, expert {e}: {}", candle_message(&err)),
+                        )
+                    },
+                )?;
                 Ok(Weight::Candle(self.matmul(part, name)?))
             })
             .collect::<Result<Vec<_>>>()?;
@@ -886,6 +868,6 @@ fn advise_dont_need(map: &memmap2::Mmap, offset: usize, len: usize) {
 #[cfg(not(unix))]
 fn advise_dont_need(_map: &memmap2::Mmap, _offset: usize, _len: usize) {}
 
-/// The largest alignment of a ggml block type (their f16 scales): the copy of quantized blocks
-/// out of the map (`qtensor_from_ggml`) reads them as typed values.
+/// The alignment `qtensor_from_ggml` needs to read values out of the map as typed values (f32,
+/// and the f16 scales of ggml blocks).
 const BLOCK_ALIGN: usize = 8;

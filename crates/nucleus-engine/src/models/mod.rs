@@ -14,8 +14,10 @@
 //! MiniMind-3 and MiniMind2, GGUF `qwen3moe`, routed through nucleus-moe's operators). A new
 //! family is a config mapping in a loader.
 
-pub(crate) mod mapped_quant;
+pub(crate) mod dequant;
+pub(crate) mod matmul;
 pub mod moe;
+pub(crate) mod quant;
 pub mod rope;
 pub mod transformer;
 pub(crate) mod weight;

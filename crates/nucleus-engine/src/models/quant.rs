@@ -1,0 +1,367 @@
+//! ggml-quantized matrices kept in their blocks ([`QuantMatrix`]): read in place from a
+//! memory-mapped GGUF file ([`mapped_quant`]: the page cache's copy of the file is the only
+//! copy of the blocks, and loading them costs what mapping the file costs, llama.cpp's
+//! `use_mmap`, not a copy or a repacking), or copied once where the file is not mapped
+//! ([`owned_quant`]). Both multiply the same way, so they give the same bits.
+//!
+//! Decode (at most [`SMALL_BATCH`] activation rows) multiplies them by candle's generic
+//! quantized kernel, `k_quants::matmul` (ggml's `ggml_compute_forward_mul_mat`: each activation
+//! row quantized to the weight type's dot-product type, `Q8_0` or `Q8_K`, then `vec_dot` of a
+//! weight row and an activation row, four weight rows at a time), called directly on the
+//! blocks. Prefill dequantizes blocks of weight rows to f32 ([`dequantize`]) and multiplies
+//! them by our f32 kernels ([`matmul_converted`]) with the f32 activations as they are: exact
+//! products of the stored weights, where ggml rounds the activations to 8 bits. candle's
+//! `QMatMul` is not used for them: on x86 it repacks Q4_K (and, with AVX-512 VNNI, Q8_0; for
+//! several rows, Q6_K) into tiles of its own on first use, a second resident copy of the
+//! weights that costs seconds of load (BENCHMARKS.md, "Generation").
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use candle_core::quantized::k_quants::{self, GgmlType};
+use candle_core::quantized::GgmlDType;
+use candle_core::Result as CandleResult;
+
+use crate::models::dequant::dequantize;
+use crate::models::matmul::{matmul_converted, SMALL_BATCH};
+
+/// The blocks of a [`QuantMatrix`].
+enum Stored<T> {
+    /// `len` blocks of `T` at byte `offset` of `map` (aligned for `T`, within the map).
+    Mapped {
+        map: Arc<memmap2::Mmap>,
+        offset: usize,
+        len: usize,
+        _blocks: PhantomData<T>,
+    },
+    /// Blocks copied out of the file.
+    Owned(Vec<T>),
+}
+
+impl<T: GgmlType> Stored<T> {
+    fn blocks(&self) -> &[T] {
+        match self {
+            Stored::Owned(v) => v,
+            // SAFETY: `mapped_quant` checked that `offset..offset + len * size_of::<T>()` lies
+            // within the map and that its start is aligned for `T`; ggml's block types are
+            // plain old data (f16 scales and integer quants), valid for every bit pattern; the
+            // map is read-only and lives as long as `self`.
+            Stored::Mapped {
+                map, offset, len, ..
+            } => unsafe { std::slice::from_raw_parts(map.as_ptr().add(*offset).cast::<T>(), *len) },
+        }
+    }
+}
+
+/// What a [`QuantMatrix`] does with its blocks, whatever their type.
+trait Blocks: Send + Sync {
+    /// candle's `k_quants::matmul` (`mkn` = `(t, cols, rows)`).
+    fn matmul_t(
+        &self,
+        mkn: (usize, usize, usize),
+        lhs: &[f32],
+        dst: &mut [f32],
+    ) -> CandleResult<()>;
+
+    /// The rows `r0..r0 + dst.len() / cols` (each `cols / BLCK_SIZE` blocks) to f32.
+    fn dequantize_rows(&self, r0: usize, cols: usize, dst: &mut [f32]);
+}
+
+impl<T: GgmlType + Send + Sync + 'static> Blocks for Stored<T> {
+    fn matmul_t(
+        &self,
+        mkn: (usize, usize, usize),
+        lhs: &[f32],
+        dst: &mut [f32],
+    ) -> CandleResult<()> {
+        k_quants::matmul(mkn, lhs, self.blocks(), dst)
+    }
+
+    fn dequantize_rows(&self, r0: usize, cols: usize, dst: &mut [f32]) {
+        let per_row = cols / T::BLCK_SIZE;
+        let rows = dst.len() / cols.max(1);
+        let blocks = &self.blocks()[r0 * per_row..(r0 + rows) * per_row];
+        dequantize(blocks, dst);
+    }
+}
+
+/// A row-major `[rows, cols]` matrix of ggml blocks (the module docs).
+#[derive(Clone)]
+pub(crate) struct QuantMatrix {
+    dtype: GgmlDType,
+    rows: usize,
+    cols: usize,
+    blocks: Arc<dyn Blocks>,
+}
+
+impl std::fmt::Debug for QuantMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuantMatrix")
+            .field("dtype", &self.dtype)
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .finish()
+    }
+}
+
+impl QuantMatrix {
+    /// `[rows, cols]`.
+    pub(crate) fn dims(&self) -> (usize, usize) {
+        (self.rows, self.cols)
+    }
+
+    /// `y [t, rows] = x [t, cols] · W^T` (f32, row-major): for at most
+    /// [`crate::models::weight::SMALL_BATCH`] rows (decode), candle's `k_quants::matmul` on the
+    /// blocks; for more (prefill), blocks of weight rows dequantized to f32
+    /// ([`dequantize`]) and multiplied by [`matmul_converted`].
+    ///
+    /// # Errors
+    /// candle's, for lengths that do not match (a caller's bug).
+    pub(crate) fn matmul(&self, x: &[f32], t: usize, y: &mut [f32]) -> CandleResult<()> {
+        if t <= SMALL_BATCH {
+            return self.blocks.matmul_t((t, self.cols, self.rows), x, y);
+        }
+        if x.len() != t * self.cols || y.len() != t * self.rows {
+            candle_core::bail!(
+                "internal: [{t}, {}] activations for a [{}, {}] weight",
+                x.len() / t.max(1),
+                self.rows,
+                self.cols
+            );
+        }
+        let blocks = &self.blocks;
+        let cols = self.cols;
+        matmul_converted(self.rows, cols, x, t, y, &|r0, dst| {
+            blocks.dequantize_rows(r0, cols, dst)
+        });
+        Ok(())
+    }
+
+    /// The rows `ids` dequantized to f32 `[ids.len() * cols]`.
+    ///
+    /// # Errors
+    /// An id not below `rows`.
+    pub(crate) fn embedding(&self, ids: &[u32]) -> CandleResult<Vec<f32>> {
+        let mut out = vec![0f32; ids.len() * self.cols];
+        for (dst, &id) in out.chunks_exact_mut(self.cols.max(1)).zip(ids) {
+            let row = id as usize;
+            if row >= self.rows {
+                candle_core::bail!("embedding id {row} is out of range for {} rows", self.rows)
+            }
+            self.blocks.dequantize_rows(row, self.cols, dst);
+        }
+        Ok(out)
+    }
+}
+
+/// `$body` with `$T` the block type of the ggml type `$dtype`; `None` for a type without
+/// blocks of candle's (f32, f16, bf16) or one that is only a dot-product intermediate (Q8_1,
+/// Q8K).
+macro_rules! with_block_type {
+    ($dtype:expr, $T:ident => $body:expr) => {{
+        use k_quants::*;
+        match $dtype {
+            GgmlDType::Q4_0 => {
+                type $T = BlockQ4_0;
+                $body
+            }
+            GgmlDType::Q4_1 => {
+                type $T = BlockQ4_1;
+                $body
+            }
+            GgmlDType::Q5_0 => {
+                type $T = BlockQ5_0;
+                $body
+            }
+            GgmlDType::Q5_1 => {
+                type $T = BlockQ5_1;
+                $body
+            }
+            GgmlDType::Q8_0 => {
+                type $T = BlockQ8_0;
+                $body
+            }
+            GgmlDType::Q2K => {
+                type $T = BlockQ2K;
+                $body
+            }
+            GgmlDType::Q3K => {
+                type $T = BlockQ3K;
+                $body
+            }
+            GgmlDType::Q4K => {
+                type $T = BlockQ4K;
+                $body
+            }
+            GgmlDType::Q5K => {
+                type $T = BlockQ5K;
+                $body
+            }
+            GgmlDType::Q6K => {
+                type $T = BlockQ6K;
+                $body
+            }
+            _ => None,
+        }
+    }};
+}
+
+impl QuantMatrix {
+    /// The blocks of a `[rows, cols]` matrix of `T` whose `bytes` bytes hold them; `None` when
+    /// a row is not a whole number of blocks or the size does not match.
+    fn block_count<T: GgmlType>(rows: usize, cols: usize, bytes: usize) -> Option<usize> {
+        if !cols.is_multiple_of(T::BLCK_SIZE) {
+            return None;
+        }
+        let len = rows.checked_mul(cols / T::BLCK_SIZE)?;
+        (len.checked_mul(std::mem::size_of::<T>()) == Some(bytes)).then_some(len)
+    }
+
+    fn of<T: GgmlType + Send + Sync + 'static>(
+        rows: usize,
+        cols: usize,
+        stored: Stored<T>,
+    ) -> Self {
+        Self {
+            dtype: T::DTYPE,
+            rows,
+            cols,
+            blocks: Arc::new(stored),
+        }
+    }
+}
+
+/// The quantized `[rows, cols]` matrix of `dtype` whose `bytes` blocks lie at byte `offset` of
+/// `map`, read in place; `None` for a type this does not hold (f32, f16, bf16, and candle's
+/// dot-product intermediates Q8_1 / Q8K), a size that does not match, a row length that is not
+/// a multiple of the block, a range outside the map or a start not aligned for the block type
+/// (the caller then copies the blocks: [`owned_quant`]).
+pub(crate) fn mapped_quant(
+    dtype: GgmlDType,
+    map: &Arc<memmap2::Mmap>,
+    offset: usize,
+    bytes: usize,
+    rows: usize,
+    cols: usize,
+) -> Option<QuantMatrix> {
+    fn make<T: GgmlType + Send + Sync + 'static>(
+        map: &Arc<memmap2::Mmap>,
+        offset: usize,
+        bytes: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Option<QuantMatrix> {
+        let len = QuantMatrix::block_count::<T>(rows, cols, bytes)?;
+        let aligned = (map.as_ptr() as usize + offset).is_multiple_of(std::mem::align_of::<T>());
+        let fits = offset
+            .checked_add(bytes)
+            .is_some_and(|end| end <= map.len());
+        (aligned && fits).then(|| {
+            let stored = Stored::<T>::Mapped {
+                map: map.clone(),
+                offset,
+                len,
+                _blocks: PhantomData,
+            };
+            QuantMatrix::of(rows, cols, stored)
+        })
+    }
+    with_block_type!(dtype, T => make::<T>(map, offset, bytes, rows, cols))
+}
+
+/// The quantized `[rows, cols]` matrix of `dtype` whose blocks are `bytes` (copied); `None` as
+/// [`mapped_quant`] for a type it does not hold or a size that does not match.
+pub(crate) fn owned_quant(
+    dtype: GgmlDType,
+    bytes: &[u8],
+    rows: usize,
+    cols: usize,
+) -> Option<QuantMatrix> {
+    fn make<T: GgmlType + Send + Sync + 'static>(
+        bytes: &[u8],
+        rows: usize,
+        cols: usize,
+    ) -> Option<QuantMatrix> {
+        let len = QuantMatrix::block_count::<T>(rows, cols, bytes.len())?;
+        let mut blocks = vec![T::zeros(); len];
+        // SAFETY: ggml's block types are plain old data, valid for every bit pattern; the
+        // destination holds exactly `bytes.len()` bytes (`block_count`).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                blocks.as_mut_ptr().cast::<u8>(),
+                bytes.len(),
+            )
+        };
+        Some(QuantMatrix::of(rows, cols, Stored::Owned(blocks)))
+    }
+    with_block_type!(dtype, T => make::<T>(bytes, rows, cols))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Tensor};
+
+    /// A `[rows, cols]` matrix quantized by candle to `dtype`, as owned blocks, and its values.
+    fn quantized(dtype: GgmlDType, rows: usize, cols: usize, seed: u64) -> (QuantMatrix, Vec<f32>) {
+        let mut s = seed | 1;
+        let values: Vec<f32> = (0..rows * cols)
+            .map(|_| crate::models::matmul::tests::next(&mut s))
+            .collect();
+        let t = Tensor::from_vec(values, (rows, cols), &Device::Cpu).unwrap();
+        let q = candle_core::quantized::QTensor::quantize(&t, dtype).unwrap();
+        let exact = q
+            .dequantize(&Device::Cpu)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let bytes = q.data().unwrap();
+        (owned_quant(dtype, &bytes, rows, cols).unwrap(), exact)
+    }
+
+    /// Prefill (more than `SMALL_BATCH` rows): the dequantized weights times the f32
+    /// activations, within f32 rounding of an f64 reference of the dequantized values (every
+    /// type with a dequantization of its own, and Q5_K through candle's); decode: candle's
+    /// kernels, which round the activations to 8 bits, within that rounding of it.
+    #[test]
+    fn prefill_is_exact_and_decode_within_the_activations_rounding() {
+        for (dtype, rows, cols) in [
+            (GgmlDType::Q8_0, 53, 96),
+            (GgmlDType::Q4_0, 50, 64),
+            (GgmlDType::Q4K, 13, 512),
+            (GgmlDType::Q6K, 49, 256),
+            (GgmlDType::Q5K, 7, 256),
+        ] {
+            let (m, exact) = quantized(dtype, rows, cols, rows as u64 * 31 + cols as u64);
+            for t in [1, 3, SMALL_BATCH, SMALL_BATCH + 1, 21] {
+                let mut s = 1000 + t as u64;
+                let x: Vec<f32> = (0..t * cols)
+                    .map(|_| crate::models::matmul::tests::next(&mut s))
+                    .collect();
+                let mut y = vec![f32::NAN; t * rows];
+                m.matmul(&x, t, &mut y).unwrap();
+                for i in 0..t {
+                    for r in 0..rows {
+                        let reference: f64 = (0..cols)
+                            .map(|c| exact[r * cols + c] as f64 * x[i * cols + c] as f64)
+                            .sum();
+                        let got = y[i * rows + r] as f64;
+                        let bound = if t > SMALL_BATCH {
+                            1e-5 * (cols as f64).sqrt()
+                        } else {
+                            // Activations rounded to 8 bits (ggml's Q8_0 / Q8_K).
+                            1e-2 * (cols as f64).sqrt()
+                        };
+                        assert!(
+                            (got - reference).abs() <= bound,
+                            "{dtype:?} [{rows}x{cols}] t={t} ({i},{r}): {got} vs f64 {reference}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
