@@ -70,6 +70,38 @@ pub struct Config {
     /// The KV cache's element type of both engines (nucleus's
     /// [`EngineConfig::kv_cache_dtype`], llama.cpp's `type_k` and `type_v`).
     pub kv_cache_dtype: KvCacheDtype,
+    /// llama.cpp's flash attention (its `--flash-attn`, `llama_context_params.flash_attn_type`).
+    pub llama_flash_attn: FlashAttn,
+}
+
+/// llama.cpp's flash attention policy (`llama_flash_attn_type`; its CLI's `-fa auto|on|off`).
+///
+/// On the CPU, llama.cpp's flash attention for one query row
+/// (`ggml_compute_forward_flash_attn_ext_f16_one_chunk` in `ggml/src/ggml-cpu/ops.cpp`) sums
+/// the values of an f16 cache into an f16 accumulator (`VKQ16`, `ggml_vec_mad_f16`), so its
+/// decode logits differ from its own attention without it (and from an exact computation) by
+/// about 2.5e-2 on the 0.85 B random model (BENCHMARKS.md, "Generation"); `Off` is its exact
+/// attention (f32 scores and sums), what a comparison of greedy tokens needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FlashAttn {
+    /// llama.cpp's default: on where the backend supports it (the CPU does).
+    #[default]
+    Auto,
+    /// Always.
+    On,
+    /// Never.
+    Off,
+}
+
+impl FlashAttn {
+    /// `auto`, `on` or `off` (llama.cpp's names).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FlashAttn::Auto => "auto",
+            FlashAttn::On => "on",
+            FlashAttn::Off => "off",
+        }
+    }
 }
 
 /// Whether this build has llama.cpp (feature `llama-cpp`).
@@ -645,6 +677,7 @@ mod tests {
             rounds: 1,
             llama_cpp: true,
             kv_cache_dtype: KvCacheDtype::F16,
+            llama_flash_attn: FlashAttn::Auto,
         };
         let checked = check_params(&config);
         assert_eq!(checked.is_ok(), LLAMA_CPP_BUILT);

@@ -14,7 +14,7 @@ use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
 
-use super::{beyond_context, prompt_ids, rss_bytes, Config, EngineKind, RoundResult};
+use super::{beyond_context, prompt_ids, rss_bytes, Config, EngineKind, FlashAttn, RoundResult};
 
 /// The argmax of `logits` (the lowest id among equal largest values) and the gap between the
 /// largest and the second largest value (0 for a tie; `f32::INFINITY` for a row of one).
@@ -76,7 +76,12 @@ pub(super) fn round(args: &Config) -> Result<RoundResult> {
         .with_n_threads(threads)
         .with_n_threads_batch(threads)
         .with_type_k(kv)
-        .with_type_v(kv);
+        .with_type_v(kv)
+        .with_flash_attention_policy(match args.llama_flash_attn {
+            FlashAttn::Auto => llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_AUTO,
+            FlashAttn::On => llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_ENABLED,
+            FlashAttn::Off => llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_DISABLED,
+        });
     let mut ctx: LlamaContext<'_> = model
         .new_context(&backend, params)
         .context("llama.cpp cannot make the context")?;

@@ -9,7 +9,8 @@ use std::process::Command;
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use nucleus_bench::generate::{
-    spread, Config, EngineKind, Round, RoundResult, TokenComparison, LLAMA_CPP_BUILT, NEAR_TIE_GAP,
+    spread, Config, EngineKind, FlashAttn, Round, RoundResult, TokenComparison, LLAMA_CPP_BUILT,
+    NEAR_TIE_GAP,
 };
 
 /// The flags of `nucleus bench generate`.
@@ -38,6 +39,11 @@ pub struct BenchGenerateArgs {
     /// The KV cache's element type of both engines: `f16` (the default of both) or `f32`.
     #[arg(long, value_name = "DTYPE", default_value = "f16", value_parser = crate::model::parse_kv_cache_dtype)]
     pub kv_cache_dtype: nucleus_engine::KvCacheDtype,
+    /// llama.cpp's flash attention: `auto` (its default: on, on the CPU), `on` or `off` (its
+    /// exact attention; on the CPU its flash attention sums values in f16, so greedy tokens are
+    /// compared with `off`).
+    #[arg(long, value_name = "POLICY", default_value = "auto", value_parser = parse_flash_attn)]
+    pub llama_flash_attn: FlashAttn,
     /// Leave llama.cpp out in a build with feature llama-cpp.
     #[arg(long)]
     pub no_llama_cpp: bool,
@@ -45,6 +51,16 @@ pub struct BenchGenerateArgs {
     /// (the child process of each round).
     #[arg(long, value_enum, hide = true)]
     pub one_round: Option<EngineArg>,
+}
+
+/// `--llama-flash-attn`: `auto`, `on` or `off`.
+fn parse_flash_attn(s: &str) -> Result<FlashAttn, String> {
+    match s {
+        "auto" => Ok(FlashAttn::Auto),
+        "on" => Ok(FlashAttn::On),
+        "off" => Ok(FlashAttn::Off),
+        _ => Err(format!("expected auto, on or off, got {s:?}")),
+    }
 }
 
 /// A figure of one engine's round (`None`: not measured there).
@@ -84,6 +100,7 @@ pub fn run(args: &BenchGenerateArgs, out: &mut dyn Write) -> Result<()> {
         rounds: args.rounds,
         llama_cpp: LLAMA_CPP_BUILT && !args.no_llama_cpp,
         kv_cache_dtype: args.kv_cache_dtype,
+        llama_flash_attn: args.llama_flash_attn,
     };
     if let Some(engine) = args.one_round {
         let result = nucleus_bench::generate::one_round(engine.into(), &config)?;
@@ -103,6 +120,7 @@ pub fn run(args: &BenchGenerateArgs, out: &mut dyn Write) -> Result<()> {
             .args(["--threads", &args.threads.to_string()])
             .args(["--rounds", "1"])
             .args(["--kv-cache-dtype", args.kv_cache_dtype.as_str()])
+            .args(["--llama-flash-attn", args.llama_flash_attn.as_str()])
             .args(["--one-round", engine.name()]);
         if args.no_llama_cpp {
             cmd.arg("--no-llama-cpp");
@@ -114,12 +132,21 @@ pub fn run(args: &BenchGenerateArgs, out: &mut dyn Write) -> Result<()> {
     writeln!(
         out,
         "model {} ({:.1} MiB of weights as stored), batch {b}, prompt {p} tokens, {g} generated, \
-         {} thread(s), {} round(s), each engine's round in a process of its own: median \
-         (smallest to largest)",
+         {} thread(s), {} round(s), {} KV caches{}, each engine's round in a process of its own: \
+         median (smallest to largest)",
         config.model.display(),
         report.weight_bytes as f64 / (1024.0 * 1024.0),
         args.threads,
-        args.rounds
+        args.rounds,
+        args.kv_cache_dtype.as_str(),
+        if config.llama_cpp {
+            format!(
+                ", llama.cpp's flash attention {}",
+                args.llama_flash_attn.as_str()
+            )
+        } else {
+            String::new()
+        }
     )?;
     let rounds = &report.rounds;
     let nucleus: Vec<&RoundResult> = rounds.iter().map(|r| &r.nucleus).collect();
