@@ -126,28 +126,18 @@ pub(crate) fn matmul<E: Elem>(
     y: &mut [f32],
 ) {
     debug_assert_eq!(w.len(), rows * cols);
-    debug_assert_eq!(x.len(), t * cols);
-    debug_assert_eq!(y.len(), t * rows);
-    if t == 0 || rows == 0 {
-        return;
-    }
-    let out = Out {
-        ptr: y.as_mut_ptr(),
-        stride: rows,
-        col0: 0,
-    };
-    let task = |task: usize| {
-        let r0 = task * TASK_ROWS;
-        let n = TASK_ROWS.min(rows - r0);
-        // SAFETY: the task writes columns r0..r0 + n of `y` only (disjoint between tasks).
-        unsafe { rows_kernel(&w[r0 * cols..(r0 + n) * cols], n, cols, x, t, out.at(r0)) };
-    };
-    let tasks = rows.div_ceil(TASK_ROWS);
-    if rayon::current_num_threads() > 1 {
-        (0..tasks).into_par_iter().for_each(task);
-    } else {
-        (0..tasks).for_each(task);
-    }
+    by_tasks(
+        rows,
+        cols,
+        x,
+        t,
+        y,
+        || (),
+        |_, r0, n, out| {
+            // SAFETY: the task writes columns r0..r0 + n of `y` only (`by_tasks`).
+            unsafe { rows_kernel(&w[r0 * cols..(r0 + n) * cols], n, cols, x, t, out) };
+        },
+    );
 }
 
 /// [`matmul`] for a `W [rows, cols]` that `convert(r0, dst)` writes as f32, `dst.len() / cols`
@@ -161,6 +151,35 @@ pub(crate) fn matmul_converted(
     y: &mut [f32],
     convert: &(dyn Fn(usize, &mut [f32]) + Sync),
 ) {
+    by_tasks(
+        rows,
+        cols,
+        x,
+        t,
+        y,
+        Vec::new,
+        |scratch: &mut Vec<f32>, r0, n, out| {
+            scratch.resize(n * cols, 0.0);
+            convert(r0, scratch);
+            // SAFETY: the task writes columns r0..r0 + n of `y` only (`by_tasks`).
+            unsafe { rows_kernel(&scratch[..], n, cols, x, t, out) };
+        },
+    );
+}
+
+/// Runs `task(state, r0, n, out)` for each block of [`TASK_ROWS`] weight rows `r0..r0 + n`
+/// of the product `y [t, rows] = x [t, cols] · W^T`, over rayon's pool when it has more than
+/// one thread (`state` from `init`, one per thread); `out` is `y` with the task's rows at
+/// columns `r0..r0 + n`, which only that task writes.
+fn by_tasks<S>(
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    t: usize,
+    y: &mut [f32],
+    init: impl Fn() -> S + Send + Sync,
+    task: impl Fn(&mut S, usize, usize, Out) + Send + Sync,
+) {
     debug_assert_eq!(x.len(), t * cols);
     debug_assert_eq!(y.len(), t * rows);
     if t == 0 || rows == 0 {
@@ -171,22 +190,16 @@ pub(crate) fn matmul_converted(
         stride: rows,
         col0: 0,
     };
-    let task = |scratch: &mut Vec<f32>, task: usize| {
-        let r0 = task * TASK_ROWS;
-        let n = TASK_ROWS.min(rows - r0);
-        scratch.resize(n * cols, 0.0);
-        convert(r0, scratch);
-        // SAFETY: the task writes columns r0..r0 + n of `y` only (disjoint between tasks).
-        unsafe { rows_kernel(&scratch[..], n, cols, x, t, out.at(r0)) };
+    let run = |state: &mut S, i: usize| {
+        let r0 = i * TASK_ROWS;
+        task(state, r0, TASK_ROWS.min(rows - r0), out.at(r0));
     };
     let tasks = rows.div_ceil(TASK_ROWS);
     if rayon::current_num_threads() > 1 {
-        (0..tasks)
-            .into_par_iter()
-            .for_each_init(Vec::new, |scratch, i| task(scratch, i));
+        (0..tasks).into_par_iter().for_each_init(&init, run);
     } else {
-        let mut scratch = Vec::new();
-        (0..tasks).for_each(|i| task(&mut scratch, i));
+        let mut state = init();
+        (0..tasks).for_each(|i| run(&mut state, i));
     }
 }
 

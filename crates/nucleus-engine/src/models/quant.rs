@@ -158,49 +158,18 @@ impl QuantMatrix {
 /// blocks of candle's (f32, f16, bf16) or one that is only a dot-product intermediate (Q8_1,
 /// Q8K).
 macro_rules! with_block_type {
-    ($dtype:expr, $T:ident => $body:expr) => {{
+    ($dtype:expr, $T:ident => $body:expr) => {
+        with_block_type!(@arms $dtype, $T, $body, Q4_0 BlockQ4_0, Q4_1 BlockQ4_1,
+            Q5_0 BlockQ5_0, Q5_1 BlockQ5_1, Q8_0 BlockQ8_0, Q2K BlockQ2K, Q3K BlockQ3K,
+            Q4K BlockQ4K, Q5K BlockQ5K, Q6K BlockQ6K)
+    };
+    (@arms $dtype:expr, $T:ident, $body:expr, $($d:ident $b:ident),*) => {{
         use k_quants::*;
         match $dtype {
-            GgmlDType::Q4_0 => {
-                type $T = BlockQ4_0;
+            $(GgmlDType::$d => {
+                type $T = $b;
                 $body
-            }
-            GgmlDType::Q4_1 => {
-                type $T = BlockQ4_1;
-                $body
-            }
-            GgmlDType::Q5_0 => {
-                type $T = BlockQ5_0;
-                $body
-            }
-            GgmlDType::Q5_1 => {
-                type $T = BlockQ5_1;
-                $body
-            }
-            GgmlDType::Q8_0 => {
-                type $T = BlockQ8_0;
-                $body
-            }
-            GgmlDType::Q2K => {
-                type $T = BlockQ2K;
-                $body
-            }
-            GgmlDType::Q3K => {
-                type $T = BlockQ3K;
-                $body
-            }
-            GgmlDType::Q4K => {
-                type $T = BlockQ4K;
-                $body
-            }
-            GgmlDType::Q5K => {
-                type $T = BlockQ5K;
-                $body
-            }
-            GgmlDType::Q6K => {
-                type $T = BlockQ6K;
-                $body
-            }
+            })*
             _ => None,
         }
     }};
