@@ -85,10 +85,15 @@ def main() -> int:
     head_name = "output.weight" if "output.weight" in tensors else "token_embd.weight"
     exact = (rms(x[-1:], weight("output_norm.weight")) @ weight(head_name).T)[0]
 
+    top = np.sort(exact)[-2:]
+    print(f"f64: greedy token {int(np.argmax(exact))}, top-2 gap {top[1] - top[0]:.3e}")
     logits = np.fromfile(f"{dump}/step0.bin", dtype=np.float32).reshape(2, -1)
     for name, row in (("llama.cpp", logits[0]), ("nucleus", logits[1])):
         d = np.abs(row.astype(np.float64) - exact)
-        print(f"{name}: max |logit - f64| {d.max():.3e}, rms {np.sqrt((d * d).mean()):.3e}")
+        print(
+            f"{name}: greedy token {int(np.argmax(row))}, max |logit - f64| {d.max():.3e}, "
+            f"rms {np.sqrt((d * d).mean()):.3e}"
+        )
     return 0
 
 

@@ -22,12 +22,14 @@
 //!   memory instead of one, more cache-line fills in flight (llama.cpp's tinyBLAS reads 4:
 //!   `ggml/src/ggml-cpu/llamafile/sgemm.cpp`, `tinyBLAS::gemm_bloc`). Measured about 10% faster
 //!   than one row with four accumulators on the 0.85 B model (BENCHMARKS.md, "Generation").
-//! - `t > SMALL_BATCH` (prefill): tiles of 6 weight rows × 2 activation rows (12 accumulators,
-//!   2 activation vectors and a weight vector: 15 of the 16 AVX2 registers), the rows of a task
-//!   outermost and the activations in blocks of [`TOKEN_BLOCK`] rows, so the weights are read
-//!   from memory once per block and the activations come from the caches. Measured 1.3x to 2x
-//!   the speed of converting blocks of weights to f32 for the `gemm` crate (what this replaced),
-//!   and faster than tinyBLAS's 4 × 3 tiles here (BENCHMARKS.md, "Generation").
+//! - `t > SMALL_BATCH` (prefill): tiles of 6 weight rows × 2 activation rows for f16, 4 × 3
+//!   for bf16 and f32 (12 accumulators, the activation vectors and a weight vector within the 16
+//!   AVX2 registers), the rows of a task outermost and the activations in blocks of
+//!   [`TOKEN_BLOCK`] rows, so the weights are read from memory once per block and the
+//!   activations come from the caches. On f16 weights about the speed of the `gemm` crate on
+//!   the same weights converted to f32 beforehand, and 1.3x its speed on blocks converted as
+//!   they are needed (what this replaced); llama.cpp's tinyBLAS uses 4 × 3 tiles for all three
+//!   (BENCHMARKS.md, "Generation").
 //!
 //! Rows are split over rayon's pool (the process's thread count, [`crate::threads`]) in tasks
 //! of [`TASK_ROWS`] rows; tasks write disjoint columns of `y`.
@@ -46,15 +48,20 @@ pub(crate) const SMALL_BATCH: usize = 8;
 /// Weight rows per task (a multiple of both tiles' rows, 8 and 6).
 const TASK_ROWS: usize = 48;
 
-/// Activation rows per block of the prefill tiles: 64 rows of 5,632 f32 values are 1.4 MiB,
-/// read from the caches once per 6 weight rows.
-const TOKEN_BLOCK: usize = 64;
+/// Activation rows per block of the prefill tiles (a multiple of their 2 and 3 rows): 60 rows
+/// of 5,632 f32 values are 1.3 MiB, read from the caches once per tile of weight rows.
+const TOKEN_BLOCK: usize = 60;
 
 /// Lanes of each output's accumulator (one AVX2 register).
 const LANES: usize = 8;
 
 /// A weight element: f32, or the bits of an f16 or bf16 value.
 pub(crate) trait Elem: Copy + Send + Sync + 'static {
+    /// Whether the prefill tiles are 6 weight rows × 2 activation rows (f16, whose conversion
+    /// is one instruction) rather than 4 × 3 (bf16 and f32: measured faster for them, and 6 × 2
+    /// for f16; BENCHMARKS.md, "Generation").
+    const WIDE_PREFILL_TILES: bool;
+
     /// The value as f32 (exact).
     fn to_f32(self) -> f32;
 
@@ -74,6 +81,8 @@ pub(crate) struct F16(pub u16);
 pub(crate) struct Bf16(pub u16);
 
 impl Elem for F16 {
+    const WIDE_PREFILL_TILES: bool = true;
+
     #[inline(always)]
     fn to_f32(self) -> f32 {
         half::f16::from_bits(self.0).to_f32()
@@ -88,6 +97,8 @@ impl Elem for F16 {
 }
 
 impl Elem for Bf16 {
+    const WIDE_PREFILL_TILES: bool = false;
+
     #[inline(always)]
     fn to_f32(self) -> f32 {
         f32::from_bits((self.0 as u32) << 16)
@@ -103,6 +114,8 @@ impl Elem for Bf16 {
 }
 
 impl Elem for f32 {
+    const WIDE_PREFILL_TILES: bool = false;
+
     #[inline(always)]
     fn to_f32(self) -> f32 {
         self
@@ -419,16 +432,34 @@ mod x86 {
             edge::<E, 1>(w, n - full, cols, x, full, (0, t), out);
             return;
         }
-        let full = n - n % 6;
+        if E::WIDE_PREFILL_TILES {
+            prefill::<E, 6, 2>(w, n, cols, x, t, out);
+        } else {
+            prefill::<E, 4, 3>(w, n, cols, x, t, out);
+        }
+    }
+
+    /// The prefill tiles, `RM` weight rows × `RN` activation rows, over activation blocks of
+    /// `TOKEN_BLOCK` rows.
+    #[inline(always)]
+    unsafe fn prefill<E: Elem, const RM: usize, const RN: usize>(
+        w: &[E],
+        n: usize,
+        cols: usize,
+        x: &[f32],
+        t: usize,
+        out: Out,
+    ) {
+        let full = n - n % RM;
         let mut s0 = 0;
         while s0 < t {
             let span = (s0, (s0 + TOKEN_BLOCK).min(t));
             let mut r = 0;
             while r < full {
-                tiles::<E, 6, 2>(w, cols, x, r, span, out);
-                r += 6;
+                tiles::<E, RM, RN>(w, cols, x, r, span, out);
+                r += RM;
             }
-            edge::<E, 2>(w, n - full, cols, x, full, span, out);
+            edge::<E, RN>(w, n - full, cols, x, full, span, out);
             s0 = span.1;
         }
     }
@@ -509,7 +540,7 @@ pub(crate) mod tests {
     #[test]
     fn every_tile_and_batch_gives_the_portable_bits() {
         // Rows around the tiles (8 and 6) and the tasks (48); columns with and without tails;
-        // batches around SMALL_BATCH, the prefill tiles' pairs and TOKEN_BLOCK.
+        // batches around SMALL_BATCH, the prefill tiles' rows (2 and 3) and TOKEN_BLOCK.
         let shapes = [
             (1, 1),
             (3, 40),
