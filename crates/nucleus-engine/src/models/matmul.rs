@@ -20,16 +20,17 @@
 //! - `t <= SMALL_BATCH` (decode): tiles of 8 weight rows × 1 activation row. A decode step reads
 //!   every weight once and is bound by memory; eight rows read at once are eight streams from
 //!   memory instead of one, more cache-line fills in flight (llama.cpp's tinyBLAS reads 4:
-//!   `ggml/src/ggml-cpu/llamafile/sgemm.cpp`, `tinyBLAS::gemm_bloc`). Measured about 10% faster
-//!   than one row with four accumulators on the 0.85 B model (BENCHMARKS.md, "Generation").
+//!   `ggml/src/ggml-cpu/llamafile/sgemm.cpp`, `tinyBLAS::gemm_bloc`; 4, 10 and 12 rows were
+//!   tried, and 8 was the fastest here). On the 0.85 B random model, F16 decode went from
+//!   0.90x llama.cpp's speed with one row at a time to 1.09x (BENCHMARKS.md, "Generation").
 //! - `t > SMALL_BATCH` (prefill): tiles of 6 weight rows × 2 activation rows for f16, 4 × 3
-//!   for bf16 and f32 (12 accumulators, the activation vectors and a weight vector within the 16
-//!   AVX2 registers), the rows of a task outermost and the activations in blocks of
-//!   [`TOKEN_BLOCK`] rows, so the weights are read from memory once per block and the
-//!   activations come from the caches. On f16 weights about the speed of the `gemm` crate on
-//!   the same weights converted to f32 beforehand, and 1.3x its speed on blocks converted as
-//!   they are needed (what this replaced); llama.cpp's tinyBLAS uses 4 × 3 tiles for all three
-//!   (BENCHMARKS.md, "Generation").
+//!   for bf16 and f32 (the faster of the two for each type here; 12 accumulators, the
+//!   activation vectors and a weight vector within the 16 AVX2 registers), the rows of a task
+//!   outermost and the activations in blocks of [`TOKEN_BLOCK`] rows, so the weights are read
+//!   from memory once per block and the activations come from the caches. About the speed of
+//!   the `gemm` crate on weights converted to f32 at load, without the f32 copy
+//!   (BENCHMARKS.md, "Generation": prompt processing against the build before issue 23).
+//!   llama.cpp's tinyBLAS uses 4 × 3 tiles.
 //!
 //! Rows are split over rayon's pool (the process's thread count, [`crate::threads`]) in tasks
 //! of [`TASK_ROWS`] rows; tasks write disjoint columns of `y`.
@@ -57,9 +58,8 @@ const LANES: usize = 8;
 
 /// A weight element: f32, or the bits of an f16 or bf16 value.
 pub(crate) trait Elem: Copy + Send + Sync + 'static {
-    /// Whether the prefill tiles are 6 weight rows × 2 activation rows (f16, whose conversion
-    /// is one instruction) rather than 4 × 3 (bf16 and f32: measured faster for them, and 6 × 2
-    /// for f16; BENCHMARKS.md, "Generation").
+    /// Whether the prefill tiles are 6 weight rows × 2 activation rows (f16) rather than 4 × 3
+    /// (bf16 and f32): the faster shape for each type on the 0.85 B model's matrices here.
     const WIDE_PREFILL_TILES: bool;
 
     /// The value as f32 (exact).

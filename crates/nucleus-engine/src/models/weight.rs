@@ -236,19 +236,17 @@ impl Weight {
 
 /// `y [t, rows] = x [t, cols] · w^T` ([`matmul::matmul`]); `x` and `y` row-major f32.
 pub(crate) fn half_matmul(w: &HalfMatrix, x: &[f32], t: usize, y: &mut [f32]) {
+    /// The bits as the element type `E` (`F16` or `Bf16`).
+    fn view<E: Elem>(values: &[u16]) -> &[E] {
+        assert_eq!(std::mem::size_of::<E>(), 2, "a 16-bit element type");
+        // SAFETY: called with `F16` and `Bf16` only, which are `repr(transparent)` over `u16`
+        // (same size, alignment and validity); the slice keeps the borrow of `values`.
+        unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<E>(), values.len()) }
+    }
     let values = w.values();
-    // SAFETY: `F16` and `Bf16` are `repr(transparent)` over `u16`.
     match w.kind {
-        HalfKind::F16 => {
-            let v =
-                unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<F16>(), values.len()) };
-            matmul::matmul(v, w.rows, w.cols, x, t, y)
-        }
-        HalfKind::Bf16 => {
-            let v =
-                unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<Bf16>(), values.len()) };
-            matmul::matmul(v, w.rows, w.cols, x, t, y)
-        }
+        HalfKind::F16 => matmul::matmul(view::<F16>(values), w.rows, w.cols, x, t, y),
+        HalfKind::Bf16 => matmul::matmul(view::<Bf16>(values), w.rows, w.cols, x, t, y),
     }
 }
 
