@@ -7,8 +7,8 @@ the vocabulary) is Llama 2's SentencePiece one, copied from llama.cpp's tokenize
 `../shared/models/vocab/ggml-vocab-llama-spm.gguf`. Weights are seeded normal(0, 0.02)
 values, one stream per tensor name, so every type holds the same model. Norm weights are F32
 ones (as llama.cpp writes 1-D tensors). Types: `f16`, `bf16`, `q8_0` (quantized by gguf-py's
-`gguf.quants`, llama.cpp's reference Q8_0), and `q4_k_m`: llama.cpp's mix of types (Q4_K, with
-Q6_K for some tensors), made from the F16 file (written first when `f16` is not asked for) by
+`gguf.quants`, llama.cpp's reference Q8_0), `q4_k_m` (llama.cpp's mix of types: Q4_K, with
+Q6_K for some tensors) and `q4_0` (Q4_0, with llama.cpp's Q6_K output matrix), made from the F16 file (written first when `f16` is not asked for) by
 llama.cpp's `llama_model_quantize`, the function its `llama-quantize` tool runs, in the
 `llama_quantize` example of nucleus-bench that `scripts/build-llama-cpp-bench.sh` builds
 (`target/release/examples/llama_quantize`; `--quantize PATH` for another place). Q4_K needs
@@ -44,7 +44,7 @@ TYPES = {
 
 # Types made from the F16 file by llama.cpp's llama_model_quantize (the llama_quantize
 # example): the name it takes.
-LLAMA_QUANTIZED = {"q4_k_m": "q4_k_m"}
+LLAMA_QUANTIZED = {"q4_k_m": "q4_k_m", "q4_0": "q4_0"}
 
 QUANTIZE = (
     pathlib.Path(__file__).resolve().parent.parent / "target/release/examples/llama_quantize"
@@ -153,7 +153,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="the folder to write into")
     ap.add_argument(
-        "--types", default="f16,bf16,q8_0", help="comma-separated: f16, bf16, q8_0, q4_k_m"
+        "--types", default="f16,bf16,q8_0", help="comma-separated: f16, bf16, q8_0, q4_k_m, q4_0"
     )
     ap.add_argument("--dim", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=16)

@@ -200,7 +200,30 @@ fn streaming_gives_the_same_text_and_the_usage_chunk() {
 
 #[test]
 fn a_seed_gives_the_same_text_alone_and_among_16_concurrent_requests() {
-    let base = start(|_| {});
+    seed_alone_and_among_16(&start(|_| {}));
+}
+
+/// The same in every weight type the matrix kernels hold (batch-invariant kernels: a row's
+/// logits do not depend on the batch it runs in), stories260K rewritten as each.
+#[test]
+fn a_seed_gives_the_same_text_alone_and_among_others_in_every_weight_type() {
+    use candle_core::quantized::GgmlDType;
+    for dtype in [
+        GgmlDType::F16,
+        GgmlDType::BF16,
+        GgmlDType::Q8_0,
+        GgmlDType::Q4_0,
+    ] {
+        let path = common::stories_as(dtype);
+        let base = common::start_model(path.clone(), |m| m, GenerationDefaults::default(), |_| {});
+        seed_alone_and_among_16(&base);
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// Seed 42 alone, then among 15 other seeds at once: the same text; `n = 3` samples.
+fn seed_alone_and_among_16(base: &str) {
+    let base = base.to_string();
     let body = |seed: u64| json!({"prompt": "Once upon a time", "max_tokens": 24, "seed": seed, "temperature": 1.0});
     let alone = completion_text(&base, &body(42));
     let texts: Vec<String> = std::thread::scope(|s| {

@@ -1,7 +1,7 @@
 //! The matrix products of the weights kept in their stored type: `y [t, rows] = x [t, cols] ·
 //! W^T` for f32 activations `x` and a row-major `W [rows, cols]` of f16, bf16 or f32 values
-//! ([`matmul`]), and for a `W` converted to f32 block by block (quantized weights in prefill:
-//! [`matmul_converted`]).
+//! ([`matmul`]). The quantized types' products are [`crate::models::qmatmul`]'s, which share
+//! this module's task runner and final reduction.
 //!
 //! # One order per output, whatever the batch
 //! Every output value `y[s, r]` is one dot product of weight row `r` and activation row `s`,
@@ -47,11 +47,11 @@ use rayon::prelude::*;
 pub(crate) const SMALL_BATCH: usize = 8;
 
 /// Weight rows per task (a multiple of both tiles' rows, 8 and 6).
-const TASK_ROWS: usize = 48;
+pub(super) const TASK_ROWS: usize = 48;
 
 /// Activation rows per block of the prefill tiles (a multiple of their 2 and 3 rows): 60 rows
 /// of 5,632 f32 values are 1.3 MiB, read from the caches once per tile of weight rows.
-const TOKEN_BLOCK: usize = 60;
+pub(super) const TOKEN_BLOCK: usize = 60;
 
 /// Lanes of each output's accumulator (one AVX2 register).
 const LANES: usize = 8;
@@ -153,38 +153,11 @@ pub(crate) fn matmul<E: Elem>(
     );
 }
 
-/// [`matmul`] for a `W [rows, cols]` that `convert(r0, dst)` writes as f32, `dst.len() / cols`
-/// rows from row `r0` (quantized blocks dequantized): each task converts its [`TASK_ROWS`] rows
-/// into a scratch buffer of its thread, then multiplies them as f32 weights.
-pub(crate) fn matmul_converted(
-    rows: usize,
-    cols: usize,
-    x: &[f32],
-    t: usize,
-    y: &mut [f32],
-    convert: &(dyn Fn(usize, &mut [f32]) + Sync),
-) {
-    by_tasks(
-        rows,
-        cols,
-        x,
-        t,
-        y,
-        Vec::new,
-        |scratch: &mut Vec<f32>, r0, n, out| {
-            scratch.resize(n * cols, 0.0);
-            convert(r0, scratch);
-            // SAFETY: the task writes columns r0..r0 + n of `y` only (`by_tasks`).
-            unsafe { rows_kernel(&scratch[..], n, cols, x, t, out) };
-        },
-    );
-}
-
 /// Runs `task(state, r0, n, out)` for each block of [`TASK_ROWS`] weight rows `r0..r0 + n`
 /// of the product `y [t, rows] = x [t, cols] · W^T`, over rayon's pool when it has more than
 /// one thread (`state` from `init`, one per thread); `out` is `y` with the task's rows at
 /// columns `r0..r0 + n`, which only that task writes.
-fn by_tasks<S>(
+pub(super) fn by_tasks<S>(
     rows: usize,
     cols: usize,
     x: &[f32],
@@ -219,15 +192,15 @@ fn by_tasks<S>(
 /// The output `y [t, stride]` the tasks of one product write, each its own columns: a kernel's
 /// weight row `r` is column `col0 + r`.
 #[derive(Clone, Copy)]
-struct Out {
-    ptr: *mut f32,
-    stride: usize,
-    col0: usize,
+pub(crate) struct Out {
+    pub(super) ptr: *mut f32,
+    pub(super) stride: usize,
+    pub(super) col0: usize,
 }
 
 impl Out {
     /// The same output, a kernel's rows starting at column `col0`.
-    fn at(self, col0: usize) -> Self {
+    pub(super) fn at(self, col0: usize) -> Self {
         Self { col0, ..self }
     }
 }
@@ -287,7 +260,7 @@ fn tail<E: Elem>(w: &[E], x: &[f32], body: usize, n: usize) -> f32 {
 }
 
 /// The fixed reduction of the 8 lanes: `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`.
-fn reduce(acc: &[f32; LANES]) -> f32 {
+pub(super) fn reduce(acc: &[f32; LANES]) -> f32 {
     let h = [
         acc[0] + acc[4],
         acc[1] + acc[5],
@@ -310,7 +283,7 @@ pub(crate) fn avx2() -> bool {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(super) mod x86 {
     use std::arch::x86_64::*;
 
     use super::{tail, Elem, Out, LANES, SMALL_BATCH, TOKEN_BLOCK};
@@ -318,7 +291,7 @@ mod x86 {
     /// The 8 lanes of an accumulator reduced in `super::reduce`'s order (halves, then pairs),
     /// plus the tail.
     #[inline(always)]
-    unsafe fn finish(a: __m256, tail: f32) -> f32 {
+    pub(in crate::models) unsafe fn finish(a: __m256, tail: f32) -> f32 {
         let h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
         let q = _mm_add_ps(h, _mm_movehl_ps(h, h));
         let s = _mm_add_ss(q, _mm_shuffle_ps::<0b01>(q, q));
@@ -502,12 +475,6 @@ pub(crate) mod tests {
         let x: Vec<f32> = (0..t * cols).map(|_| next(&mut s)).collect();
         let mut y = vec![f32::NAN; t * rows];
         matmul(w, rows, cols, &x, t, &mut y);
-        let mut converted = vec![f32::NAN; t * rows];
-        matmul_converted(rows, cols, &x, t, &mut converted, &|r0, dst| {
-            for (d, v) in dst.iter_mut().zip(&w[r0 * cols..]) {
-                *d = v.to_f32();
-            }
-        });
         for i in 0..t {
             let xs = &x[i * cols..(i + 1) * cols];
             for r in 0..rows {
@@ -518,11 +485,6 @@ pub(crate) mod tests {
                     got.to_bits(),
                     want.to_bits(),
                     "[{rows}x{cols}] t={t} ({i},{r}): {got} vs {want}"
-                );
-                assert_eq!(
-                    converted[i * rows + r].to_bits(),
-                    want.to_bits(),
-                    "converted [{rows}x{cols}] t={t} ({i},{r})"
                 );
                 let exact: f64 = ws
                     .iter()

@@ -17,6 +17,7 @@
 pub(crate) mod dequant;
 pub(crate) mod matmul;
 pub mod moe;
+pub(crate) mod qmatmul;
 pub(crate) mod quant;
 pub mod rope;
 pub mod transformer;

@@ -4,17 +4,18 @@
 //! `use_mmap`, not a copy or a repacking), or copied once where the file is not mapped
 //! ([`owned_quant`]). Both multiply the same way, so they give the same bits.
 //!
-//! Decode (at most [`SMALL_BATCH`] activation rows) multiplies them by candle's generic
-//! quantized kernel, `k_quants::matmul` (ggml's `ggml_compute_forward_mul_mat`: each activation
-//! row quantized to the weight type's dot-product type, `Q8_0` or `Q8_K`, then `vec_dot` of a
-//! weight row and an activation row, four weight rows at a time), called directly on the
-//! blocks. Prefill dequantizes blocks of weight rows to f32 ([`dequantize`]) and multiplies
-//! them by our f32 kernels ([`matmul_converted`]) with the f32 activations as they are: exact
-//! products of the stored weights, where ggml rounds the activations to 8 bits. candle's
+//! They multiply as ggml does (`ggml_compute_forward_mul_mat`): each activation row is
+//! quantized to the weight type's dot-product type (Q8_0 or Q8_K), then each output is the dot
+//! product of a weight row and a quantized activation row, whatever the number of rows. Q8_0,
+//! Q4_0, Q4_K and Q6_K by our kernels ([`crate::models::qmatmul`]: decode at the memory floor,
+//! one reduction order per output), the other types by candle's `k_quants::matmul` (one
+//! `vec_dot` per output); either way a row's result does not depend on the batch. candle's
 //! `QMatMul` is not used for them: on x86 it repacks Q4_K (and, with AVX-512 VNNI, Q8_0; for
 //! several rows, Q6_K) into tiles of its own on first use, a second resident copy of the
-//! weights that costs seconds of load (BENCHMARKS.md, "Generation").
+//! weights that costs seconds of load (BENCHMARKS.md, "Generation"). Embedding rows are
+//! dequantized exactly ([`dequantize`]).
 
+use std::any::TypeId;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
@@ -23,7 +24,7 @@ use candle_core::quantized::GgmlDType;
 use candle_core::Result as CandleResult;
 
 use crate::models::dequant::dequantize;
-use crate::models::matmul::{matmul_converted, SMALL_BATCH};
+use crate::models::qmatmul;
 
 /// The blocks of a [`QuantMatrix`].
 enum Stored<T> {
@@ -55,7 +56,7 @@ impl<T: GgmlType> Stored<T> {
 
 /// What a [`QuantMatrix`] does with its blocks, whatever their type.
 trait Blocks: Send + Sync {
-    /// candle's `k_quants::matmul` (`mkn` = `(t, cols, rows)`).
+    /// `dst [t, rows] = lhs [t, cols] · W^T` ([`QuantMatrix::matmul`]; `mkn` = `(t, cols, rows)`).
     fn matmul_t(
         &self,
         mkn: (usize, usize, usize),
@@ -67,14 +68,34 @@ trait Blocks: Send + Sync {
     fn dequantize_rows(&self, r0: usize, cols: usize, dst: &mut [f32]);
 }
 
+/// `blocks` as `&[U]` when `T` is `U`.
+fn as_type<T: 'static, U: 'static>(blocks: &[T]) -> Option<&[U]> {
+    // SAFETY: `T` and `U` are the same type.
+    (TypeId::of::<T>() == TypeId::of::<U>())
+        .then(|| unsafe { std::slice::from_raw_parts(blocks.as_ptr().cast::<U>(), blocks.len()) })
+}
+
 impl<T: GgmlType + Send + Sync + 'static> Blocks for Stored<T> {
     fn matmul_t(
         &self,
-        mkn: (usize, usize, usize),
+        (t, cols, rows): (usize, usize, usize),
         lhs: &[f32],
         dst: &mut [f32],
     ) -> CandleResult<()> {
-        k_quants::matmul(mkn, lhs, self.blocks(), dst)
+        use qmatmul::{matmul, Q4K, Q4_0, Q6K, Q8_0};
+        let blocks = self.blocks();
+        if let Some(b) = as_type(blocks) {
+            matmul::<Q8_0>(b, rows, cols, lhs, t, dst)
+        } else if let Some(b) = as_type(blocks) {
+            matmul::<Q4_0>(b, rows, cols, lhs, t, dst)
+        } else if let Some(b) = as_type(blocks) {
+            matmul::<Q4K>(b, rows, cols, lhs, t, dst)
+        } else if let Some(b) = as_type(blocks) {
+            matmul::<Q6K>(b, rows, cols, lhs, t, dst)
+        } else {
+            return k_quants::matmul((t, cols, rows), lhs, blocks, dst);
+        }
+        Ok(())
     }
 
     fn dequantize_rows(&self, r0: usize, cols: usize, dst: &mut [f32]) {
@@ -110,17 +131,16 @@ impl QuantMatrix {
         (self.rows, self.cols)
     }
 
-    /// `y [t, rows] = x [t, cols] · W^T` (f32, row-major): for at most
-    /// [`crate::models::weight::SMALL_BATCH`] rows (decode), candle's `k_quants::matmul` on the
-    /// blocks; for more (prefill), blocks of weight rows dequantized to f32
-    /// ([`dequantize`]) and multiplied by [`matmul_converted`].
+    /// `y [t, rows] = x [t, cols] · W^T` (f32, row-major), ggml's semantics (each activation
+    /// row quantized to the weight type's dot-product type, Q8_0 or Q8_K, then dot products),
+    /// the same for every `t`: Q8_0, Q4_0, Q4_K and Q6_K by our kernels
+    /// ([`crate::models::qmatmul`]), the other types by candle's `k_quants::matmul` (one
+    /// `vec_dot` per output). Either way each output is computed alone, so a row's result does
+    /// not depend on the batch.
     ///
     /// # Errors
-    /// candle's, for lengths that do not match (a caller's bug).
+    /// Lengths that do not match (a caller's bug).
     pub(crate) fn matmul(&self, x: &[f32], t: usize, y: &mut [f32]) -> CandleResult<()> {
-        if t <= SMALL_BATCH {
-            return self.blocks.matmul_t((t, self.cols, self.rows), x, y);
-        }
         if x.len() != t * self.cols || y.len() != t * self.rows {
             candle_core::bail!(
                 "internal: [{t}, {}] activations for a [{}, {}] weight",
@@ -129,12 +149,7 @@ impl QuantMatrix {
                 self.cols
             );
         }
-        let blocks = &self.blocks;
-        let cols = self.cols;
-        matmul_converted(self.rows, cols, x, t, y, &|r0, dst| {
-            blocks.dequantize_rows(r0, cols, dst)
-        });
-        Ok(())
+        self.blocks.matmul_t((t, self.cols, self.rows), x, y)
     }
 
     /// The rows `ids` dequantized to f32 `[ids.len() * cols]`.
@@ -291,12 +306,12 @@ mod tests {
         (owned_quant(dtype, &bytes, rows, cols).unwrap(), exact)
     }
 
-    /// Prefill (more than `SMALL_BATCH` rows): the dequantized weights times the f32
-    /// activations, within f32 rounding of an f64 reference of the dequantized values (every
-    /// type with a dequantization of its own, and Q5_K through candle's); decode: candle's
-    /// kernels, which round the activations to 8 bits, within that rounding of it.
+    /// Every batch size (decode's and prefill's): ggml's semantics, the activations rounded
+    /// to 8 bits (Q8_0 / Q8_K), within that rounding of an f64 reference of the exact weights
+    /// and f32 activations; and each activation row's outputs the same bits alone as in the
+    /// batch, for our kernels' types (Q8_0, Q4_0, Q4_K, Q6_K) and candle's (Q5_K).
     #[test]
-    fn prefill_is_exact_and_decode_within_the_activations_rounding() {
+    fn every_batch_is_within_the_activations_rounding_and_invariant() {
         for (dtype, rows, cols) in [
             (GgmlDType::Q8_0, 53, 96),
             (GgmlDType::Q4_0, 50, 64),
@@ -305,7 +320,7 @@ mod tests {
             (GgmlDType::Q5K, 7, 256),
         ] {
             let (m, exact) = quantized(dtype, rows, cols, rows as u64 * 31 + cols as u64);
-            for t in [1, 3, SMALL_BATCH, SMALL_BATCH + 1, 21] {
+            for t in [1, 3, 8, 9, 21] {
                 let mut s = 1000 + t as u64;
                 let x: Vec<f32> = (0..t * cols)
                     .map(|_| crate::models::matmul::tests::next(&mut s))
@@ -313,17 +328,21 @@ mod tests {
                 let mut y = vec![f32::NAN; t * rows];
                 m.matmul(&x, t, &mut y).unwrap();
                 for i in 0..t {
+                    let mut alone = vec![f32::NAN; rows];
+                    m.matmul(&x[i * cols..(i + 1) * cols], 1, &mut alone)
+                        .unwrap();
                     for r in 0..rows {
+                        assert_eq!(
+                            y[i * rows + r].to_bits(),
+                            alone[r].to_bits(),
+                            "{dtype:?} t={t} ({i},{r}): batch vs alone"
+                        );
                         let reference: f64 = (0..cols)
                             .map(|c| exact[r * cols + c] as f64 * x[i * cols + c] as f64)
                             .sum();
                         let got = y[i * rows + r] as f64;
-                        let bound = if t > SMALL_BATCH {
-                            1e-5 * (cols as f64).sqrt()
-                        } else {
-                            // Activations rounded to 8 bits (ggml's Q8_0 / Q8_K).
-                            1e-2 * (cols as f64).sqrt()
-                        };
+                        // Activations rounded to 8 bits (ggml's Q8_0 / Q8_K).
+                        let bound = 1e-2 * (cols as f64).sqrt();
                         assert!(
                             (got - reference).abs() <= bound,
                             "{dtype:?} [{rows}x{cols}] t={t} ({i},{r}): {got} vs f64 {reference}"

@@ -5,8 +5,8 @@
 //! weight is converted to f32 as it is read (exact: every f16 and bf16 value is an f32 value)
 //! and products are accumulated in f32, so a decode step reads 2 bytes per weight, not the 4 of
 //! an f32 copy (candle's `QMatMul` converts f16 / bf16 to f32 at load). Quantized ggml types
-//! stay in their blocks ([`QuantMatrix`], in place in a mapped GGUF file); f32 stays with
-//! candle's `QMatMul`.
+//! stay in their blocks ([`QuantMatrix`], in place in a mapped GGUF file); f32 matrices are
+//! held by candle's `QMatMul` and multiplied by our f32 kernels.
 //!
 //! The products are [`crate::models::matmul`]'s: one fixed order per output value, so a row's
 //! result does not depend on the batch it runs in.
@@ -129,7 +129,8 @@ impl HalfMatrix {
 /// The matrix of a linear layer `[out, in]`, or of an embedding table `[vocab, hidden]`.
 #[derive(Debug, Clone)]
 pub(crate) enum Weight {
-    /// f32 or a ggml-quantized type, multiplied by candle.
+    /// f32 (multiplied by [`matmul::matmul`], in the same order as f16 and bf16), or a type
+    /// candle keeps in its own form (multiplied by candle).
     Candle(QMatMul),
     /// f16 or bf16, multiplied by [`half_matmul`].
     Half(HalfMatrix),
@@ -177,6 +178,21 @@ impl Weight {
     /// `x [.., in]` f32 times the transpose: `[.., out]` f32.
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
+            Weight::Candle(QMatMul::Tensor(w)) if w.dtype() == DType::F32 => {
+                let (rows, cols) = self.dims();
+                let (storage, layout) = w.storage_and_layout();
+                let values = match (&*storage, layout.contiguous_offsets()) {
+                    (candle_core::Storage::Cpu(cpu), Some((start, end))) => {
+                        &cpu.as_slice::<f32>()?[start..end]
+                    }
+                    // Not on the CPU or not contiguous: candle's product.
+                    _ => return Ok(QMatMul::Tensor(w.clone()).forward(x)?),
+                };
+                self.forward_with(x, |xs, t, y| {
+                    matmul::matmul(values, rows, cols, xs, t, y);
+                    Ok(())
+                })
+            }
             Weight::Candle(m) => Ok(m.forward(x)?),
             Weight::Half(w) => self.forward_with(x, |xs, t, y| {
                 half_matmul(w, xs, t, y);

@@ -19,8 +19,17 @@ pub fn start_with(
     defaults: GenerationDefaults,
     tweak: impl FnOnce(&mut ServerConfig),
 ) -> String {
-    let path = stories();
-    let loaded = load_model(&path, &Device::Cpu).expect("stories260K loads");
+    start_model(stories(), wrap, defaults, tweak)
+}
+
+/// [`start_with`] over the model file `path` (a GGUF file with its tokenizer).
+pub fn start_model(
+    path: PathBuf,
+    wrap: impl FnOnce(Box<dyn CausalLm>) -> Box<dyn CausalLm>,
+    defaults: GenerationDefaults,
+    tweak: impl FnOnce(&mut ServerConfig),
+) -> String {
+    let loaded = load_model(&path, &Device::Cpu).expect("the model loads");
     let context = loaded.model.config().context_length;
     let engine = Engine::new(
         wrap(loaded.model),
@@ -58,4 +67,48 @@ pub fn start_with(
         .recv_timeout(Duration::from_secs(60))
         .expect("the server listens");
     format!("http://{addr}")
+}
+
+/// stories260K with its matrices stored as `dtype` (those whose rows are whole blocks of it;
+/// the others, and the norms, stay f32), written to a new file in the temporary directory.
+#[allow(dead_code)] // http.rs uses it, faults.rs does not
+pub fn stories_as(dtype: candle_core::quantized::GgmlDType) -> PathBuf {
+    use candle_core::quantized::{gguf_file, QTensor};
+    let src = stories();
+    let mut reader = std::io::BufReader::new(std::fs::File::open(&src).expect("stories260K"));
+    let content = gguf_file::Content::read(&mut reader).expect("a GGUF file");
+    let mut names: Vec<&String> = content.tensor_infos.keys().collect();
+    names.sort_by_key(|n| content.tensor_infos[*n].offset);
+    let block = dtype.block_size();
+    let tensors: Vec<(String, QTensor)> = names
+        .into_iter()
+        .map(|name| {
+            let t = content
+                .tensor(&mut reader, name, &candle_core::Device::Cpu)
+                .expect("a tensor");
+            let dims = t.shape().dims().to_vec();
+            if dims.len() != 2 || !dims[1].is_multiple_of(block) {
+                return (name.clone(), t);
+            }
+            let values = t.dequantize(&candle_core::Device::Cpu).expect("values");
+            (
+                name.clone(),
+                QTensor::quantize(&values, dtype).expect("quantized"),
+            )
+        })
+        .collect();
+    let metadata: Vec<(&str, &gguf_file::Value)> = content
+        .metadata
+        .iter()
+        .map(|(k, v)| (k.as_str(), v))
+        .collect();
+    let refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let dst = std::env::temp_dir().join(format!(
+        "nucleus-server-stories-{dtype:?}-{}.gguf",
+        std::process::id()
+    ));
+    let mut out = std::io::BufWriter::new(std::fs::File::create(&dst).expect("a temporary file"));
+    gguf_file::write(&mut out, &metadata, &refs).expect("written");
+    std::io::Write::flush(&mut out).expect("flushed");
+    dst
 }
