@@ -27,9 +27,10 @@
 //!   for bf16 and f32 (the faster of the two for each type here; 12 accumulators, the
 //!   activation vectors and a weight vector within the 16 AVX2 registers), the rows of a task
 //!   outermost and the activations in blocks of [`TOKEN_BLOCK`] rows, so the weights are read
-//!   from memory once per block and the activations come from the caches. About the speed of
-//!   the `gemm` crate on weights converted to f32 at load, without the f32 copy
-//!   (BENCHMARKS.md, "Generation": prompt processing against the build before issue 23).
+//!   from memory once per block and the activations come from the caches. 0.87x to 0.91x
+//!   the speed of the `gemm` crate on the same weights converted to f32 at load, without the
+//!   f32 copy (BENCHMARKS.md, "Generation": prompt processing against the build before issue
+//!   23).
 //!   llama.cpp's tinyBLAS uses 4 × 3 tiles.
 //!
 //! Rows are split over rayon's pool (the process's thread count, [`crate::threads`]) in tasks

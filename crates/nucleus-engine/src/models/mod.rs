@@ -14,7 +14,6 @@
 //! MiniMind-3 and MiniMind2, GGUF `qwen3moe`, routed through nucleus-moe's operators). A new
 //! family is a config mapping in a loader.
 
-pub(crate) mod dequant;
 pub(crate) mod matmul;
 pub mod moe;
 pub(crate) mod qmatmul;

@@ -123,21 +123,54 @@ unsafe fn view<C, M>(blocks: &[C]) -> &[M] {
     std::slice::from_raw_parts(blocks.as_ptr().cast::<M>(), blocks.len())
 }
 
+/// What the AVX2 kernels use of an activation block besides its quants, worked out once per
+/// product: its scale as f32, and (Q8_0) 8 times the sum of each 4 consecutive quants, for
+/// Q4_0's `(q - 8) · a = q · a - 8 · a` per lane (exact integers either way).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct ActAux {
+    d: f32,
+    sums8: [i32; LANES],
+}
+
 /// An activation block type.
 pub(crate) trait ActBlock: Copy + Send + Sync + 'static {
     /// Makes the block's scale NaN (see [`quantize_rows`]).
     fn poison(&mut self);
+
+    /// The block's [`ActAux`].
+    fn aux(&self) -> ActAux;
 }
 
 impl ActBlock for Q8_0 {
     fn poison(&mut self) {
         self.d = half::f16::NAN.to_bits();
     }
+
+    fn aux(&self) -> ActAux {
+        let mut sums8 = [0i32; LANES];
+        for (l, sum) in sums8.iter_mut().enumerate() {
+            *sum = 8 * self.qs[4 * l..4 * l + 4]
+                .iter()
+                .map(|&q| q as i32)
+                .sum::<i32>();
+        }
+        ActAux {
+            d: Soft.f32(self.d),
+            sums8,
+        }
+    }
 }
 
 impl ActBlock for Q8K {
     fn poison(&mut self) {
         self.d = f32::NAN;
+    }
+
+    fn aux(&self) -> ActAux {
+        ActAux {
+            d: self.d,
+            sums8: [0; LANES],
+        }
     }
 }
 
@@ -184,7 +217,16 @@ pub(crate) trait Kernel: Copy + Send + Sync + 'static {
     /// # Safety
     /// The CPU has AVX2, FMA and F16C; as `rows_kernel`.
     #[cfg(target_arch = "x86_64")]
-    unsafe fn avx2_rows(w: &[Self], n: usize, per_row: usize, a: &[Self::Act], t: usize, out: Out);
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn avx2_rows(
+        w: &[Self],
+        n: usize,
+        per_row: usize,
+        a: &[Self::Act],
+        aux: &[ActAux],
+        t: usize,
+        out: Out,
+    );
 }
 
 /// The dot product of a weight row and a quantized activation row in the module docs' order.
@@ -207,8 +249,16 @@ pub(crate) fn dot_portable<K: Kernel>(w: &[K], a: &[K::Act]) -> f32 {
 
 impl Kernel for Q8_0 {
     #[cfg(target_arch = "x86_64")]
-    unsafe fn avx2_rows(w: &[Self], n: usize, per_row: usize, a: &[Self::Act], t: usize, out: Out) {
-        x86::rows_kernel(w, n, per_row, a, t, out)
+    unsafe fn avx2_rows(
+        w: &[Self],
+        n: usize,
+        per_row: usize,
+        a: &[Self::Act],
+        aux: &[ActAux],
+        t: usize,
+        out: Out,
+    ) {
+        x86::rows_kernel(w, n, per_row, a, aux, t, out)
     }
 
     type Candle = BlockQ8_0;
@@ -236,8 +286,16 @@ impl Kernel for Q8_0 {
 
 impl Kernel for Q4_0 {
     #[cfg(target_arch = "x86_64")]
-    unsafe fn avx2_rows(w: &[Self], n: usize, per_row: usize, a: &[Self::Act], t: usize, out: Out) {
-        x86::rows_kernel(w, n, per_row, a, t, out)
+    unsafe fn avx2_rows(
+        w: &[Self],
+        n: usize,
+        per_row: usize,
+        a: &[Self::Act],
+        aux: &[ActAux],
+        t: usize,
+        out: Out,
+    ) {
+        x86::rows_kernel(w, n, per_row, a, aux, t, out)
     }
 
     type Candle = BlockQ4_0;
@@ -283,8 +341,16 @@ fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
 
 impl Kernel for Q4K {
     #[cfg(target_arch = "x86_64")]
-    unsafe fn avx2_rows(w: &[Self], n: usize, per_row: usize, a: &[Self::Act], t: usize, out: Out) {
-        x86::rows_kernel(w, n, per_row, a, t, out)
+    unsafe fn avx2_rows(
+        w: &[Self],
+        n: usize,
+        per_row: usize,
+        a: &[Self::Act],
+        aux: &[ActAux],
+        t: usize,
+        out: Out,
+    ) {
+        x86::rows_kernel(w, n, per_row, a, aux, t, out)
     }
 
     type Candle = BlockQ4K;
@@ -323,8 +389,16 @@ impl Kernel for Q4K {
 
 impl Kernel for Q6K {
     #[cfg(target_arch = "x86_64")]
-    unsafe fn avx2_rows(w: &[Self], n: usize, per_row: usize, a: &[Self::Act], t: usize, out: Out) {
-        x86::rows_kernel(w, n, per_row, a, t, out)
+    unsafe fn avx2_rows(
+        w: &[Self],
+        n: usize,
+        per_row: usize,
+        a: &[Self::Act],
+        aux: &[ActAux],
+        t: usize,
+        out: Out,
+    ) {
+        x86::rows_kernel(w, n, per_row, a, aux, t, out)
     }
 
     type Candle = BlockQ6K;
@@ -376,6 +450,11 @@ pub(crate) fn matmul<K: Kernel>(
     // SAFETY: `K` is the mirror of `K::Candle` (the `same_layout` assertions).
     let w: &[K] = unsafe { view(w) };
     let acts = quantize_rows::<K>(x, t, cols);
+    let aux: Vec<ActAux> = if cfg!(target_arch = "x86_64") && crate::models::matmul::avx2() {
+        acts.iter().map(ActBlock::aux).collect()
+    } else {
+        Vec::new()
+    };
     by_tasks(
         rows,
         cols,
@@ -386,7 +465,7 @@ pub(crate) fn matmul<K: Kernel>(
         |_, r0, n, out| {
             let w = &w[r0 * per_row..(r0 + n) * per_row];
             // SAFETY: the task writes columns r0..r0 + n of `y` only (`by_tasks`).
-            unsafe { rows_kernel::<K>(w, n, per_row, &acts, t, out) };
+            unsafe { rows_kernel::<K>(w, n, per_row, &acts, &aux, t, out) };
         },
     );
 }
@@ -425,6 +504,7 @@ unsafe fn rows_kernel<K: Kernel>(
     n: usize,
     per_row: usize,
     a: &[K::Act],
+    aux: &[ActAux],
     t: usize,
     out: Out,
 ) {
@@ -433,8 +513,9 @@ unsafe fn rows_kernel<K: Kernel>(
     if crate::models::matmul::avx2() {
         // SAFETY: the CPU has AVX2 and FMA (checked once by `avx2`); the lengths are the
         // caller's.
-        return K::avx2_rows(w, n, per_row, a, t, out);
+        return K::avx2_rows(w, n, per_row, a, aux, t, out);
     }
+    let _ = aux;
     for s in 0..t {
         let xs = &a[s * per_row..(s + 1) * per_row];
         for r in 0..n {
@@ -448,7 +529,7 @@ unsafe fn rows_kernel<K: Kernel>(
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{Halves, Kernel, Out, Q4K, Q4_0, Q6K, Q8K, Q8_0, SMALL_BATCH};
+    use super::{ActAux, Halves, Kernel, Out, Q4K, Q4_0, Q6K, Q8K, Q8_0, SMALL_BATCH};
     use super::{LANES, TOKEN_BLOCK};
     use crate::models::matmul::x86::finish;
 
@@ -515,10 +596,11 @@ mod x86 {
         unsafe fn prep(w: &Self, h: super::x86::F16c) -> Self::Prep;
         /// Chunk `c` of the weight block.
         unsafe fn chunk(w: &Self, p: &Self::Prep, c: usize) -> Self::Chunk;
-        /// The 8 integer lanes of chunk `c` of a weight block and of an activation block.
-        unsafe fn dot(w: &Self::Chunk, a: &Self::Act, c: usize) -> __m256i;
-        /// [`Kernel::scale`] from the prepared scalars.
-        unsafe fn scale_p(p: &Self::Prep, a: &Self::Act, h: F16c) -> f32;
+        /// The 8 integer lanes of chunk `c` of a weight block and of an activation block
+        /// (`x`: the activation block's `ActAux`).
+        unsafe fn dot(w: &Self::Chunk, a: &Self::Act, x: &ActAux, c: usize) -> __m256i;
+        /// [`Kernel::scale`] from the prepared scalars (`x.d`: the activation's scale).
+        unsafe fn scale_p(p: &Self::Prep, x: &ActAux) -> f32;
         /// [`Kernel::mins`] from the prepared scalars (Q4_K).
         unsafe fn mins_p(p: &Self::Prep, a: &Self::Act) -> (f32, i32);
     }
@@ -549,12 +631,12 @@ mod x86 {
             (_mm256_sign_epi8(q, q), q)
         }
         #[inline(always)]
-        unsafe fn dot(w: &(__m256i, __m256i), a: &Q8_0, _: usize) -> __m256i {
+        unsafe fn dot(w: &(__m256i, __m256i), a: &Q8_0, _: &ActAux, _: usize) -> __m256i {
             signed(w.0, w.1, _mm256_loadu_si256(a.qs.as_ptr().cast()))
         }
         #[inline(always)]
-        unsafe fn scale_p(p: &f32, a: &Q8_0, h: F16c) -> f32 {
-            *p * h.f32(a.d)
+        unsafe fn scale_p(p: &f32, x: &ActAux) -> f32 {
+            *p * x.d
         }
         #[inline(always)]
         unsafe fn mins_p(_: &f32, _: &Q8_0) -> (f32, i32) {
@@ -566,29 +648,33 @@ mod x86 {
         const CHUNKS: usize = 1;
         const PREFETCH: usize = 1024;
         type Prep = f32;
-        type Chunk = (__m256i, __m256i);
+        type Chunk = __m256i;
 
         #[inline(always)]
         unsafe fn prep(w: &Self, h: F16c) -> f32 {
             h.f32(w.d)
         }
+        /// The 32 quants `q` (0 to 15, not yet minus 8) as bytes in order.
         #[inline(always)]
-        unsafe fn chunk(w: &Self, _: &f32, _: usize) -> (__m256i, __m256i) {
+        unsafe fn chunk(w: &Self, _: &f32, _: usize) -> __m256i {
             let packed = _mm_loadu_si128(w.qs.as_ptr().cast());
-            let nibbles = _mm256_and_si256(
+            _mm256_and_si256(
                 _mm256_set_m128i(_mm_srli_epi16::<4>(packed), packed),
                 _mm256_set1_epi8(0xF),
-            );
-            let q = _mm256_sub_epi8(nibbles, _mm256_set1_epi8(8));
-            (_mm256_sign_epi8(q, q), q)
+            )
+        }
+        /// `Σ (q - 8) · a` per lane as `Σ q · a - 8 · Σ a`, the activation's `8 · Σ a` from `x`.
+        #[inline(always)]
+        unsafe fn dot(w: &__m256i, a: &Q8_0, x: &ActAux, _: usize) -> __m256i {
+            let qa = _mm256_loadu_si256(a.qs.as_ptr().cast());
+            _mm256_sub_epi32(
+                _mm256_madd_epi16(_mm256_maddubs_epi16(*w, qa), _mm256_set1_epi16(1)),
+                _mm256_loadu_si256(x.sums8.as_ptr().cast()),
+            )
         }
         #[inline(always)]
-        unsafe fn dot(w: &(__m256i, __m256i), a: &Q8_0, _: usize) -> __m256i {
-            signed(w.0, w.1, _mm256_loadu_si256(a.qs.as_ptr().cast()))
-        }
-        #[inline(always)]
-        unsafe fn scale_p(p: &f32, a: &Q8_0, h: F16c) -> f32 {
-            *p * h.f32(a.d)
+        unsafe fn scale_p(p: &f32, x: &ActAux) -> f32 {
+            *p * x.d
         }
         #[inline(always)]
         unsafe fn mins_p(_: &f32, _: &Q8_0) -> (f32, i32) {
@@ -649,13 +735,13 @@ mod x86 {
             )
         }
         #[inline(always)]
-        unsafe fn dot(w: &(__m256i, __m256i), a: &Q8K, c: usize) -> __m256i {
+        unsafe fn dot(w: &(__m256i, __m256i), a: &Q8K, _: &ActAux, c: usize) -> __m256i {
             let qa = _mm256_loadu_si256(a.qs.as_ptr().add(32 * c).cast());
             _mm256_madd_epi16(_mm256_maddubs_epi16(w.0, qa), w.1)
         }
         #[inline(always)]
-        unsafe fn scale_p(p: &Q4KPrep, a: &Q8K, _: F16c) -> f32 {
-            a.d * p.d
+        unsafe fn scale_p(p: &Q4KPrep, x: &ActAux) -> f32 {
+            x.d * p.d
         }
         #[inline(always)]
         unsafe fn mins_p(p: &Q4KPrep, a: &Q8K) -> (f32, i32) {
@@ -702,7 +788,7 @@ mod x86 {
             (q, sc)
         }
         #[inline(always)]
-        unsafe fn dot(w: &(__m256i, __m256i), a: &Q8K, c: usize) -> __m256i {
+        unsafe fn dot(w: &(__m256i, __m256i), a: &Q8K, _: &ActAux, c: usize) -> __m256i {
             let qa = _mm256_loadu_si256(a.qs.as_ptr().add(32 * c).cast());
             // (q - 32) · a in pairs: q · a - 32 · a, both within i16.
             let p = _mm256_sub_epi16(
@@ -712,8 +798,8 @@ mod x86 {
             _mm256_madd_epi16(p, w.1)
         }
         #[inline(always)]
-        unsafe fn scale_p(p: &f32, a: &Q8K, _: F16c) -> f32 {
-            a.d * *p
+        unsafe fn scale_p(p: &f32, x: &ActAux) -> f32 {
+            x.d * *p
         }
         #[inline(always)]
         unsafe fn mins_p(_: &f32, _: &Q8K) -> (f32, i32) {
@@ -731,12 +817,14 @@ mod x86 {
         w: &[K],
         per_row: usize,
         a: &[K::Act],
+        aux: &[ActAux],
         r0: usize,
         s0: usize,
         out: Out,
     ) {
         let h = F16c::new();
         let (wp, ap) = (w.as_ptr().add(r0 * per_row), a.as_ptr().add(s0 * per_row));
+        let xp = aux.as_ptr().add(s0 * per_row);
         let mut acc = [[_mm256_setzero_ps(); RN]; RM];
         let mut m = [[0f32; RN]; RM];
         for b in 0..per_row {
@@ -757,8 +845,10 @@ mod x86 {
                 wb[i] = &*wp.add(i * per_row + b);
             }
             let mut ab = [&*ap.add(b); RN];
+            let mut xb = [&*xp.add(b); RN];
             for j in 1..RN {
                 ab[j] = &*ap.add(j * per_row + b);
+                xb[j] = &*xp.add(j * per_row + b);
             }
             let mut prep = [K::prep(wb[0], h); RM];
             for i in 1..RM {
@@ -772,13 +862,14 @@ mod x86 {
                 }
                 for j in 0..RN {
                     for i in 0..RM {
-                        lanes[i][j] = _mm256_add_epi32(lanes[i][j], K::dot(&chunks[i], ab[j], c));
+                        lanes[i][j] =
+                            _mm256_add_epi32(lanes[i][j], K::dot(&chunks[i], ab[j], xb[j], c));
                     }
                 }
             }
             for i in 0..RM {
                 for j in 0..RN {
-                    let s = _mm256_set1_ps(K::scale_p(&prep[i], ab[j], h));
+                    let s = _mm256_set1_ps(K::scale_p(&prep[i], xb[j]));
                     acc[i][j] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(lanes[i][j]), acc[i][j]);
                     if K::MINS {
                         let (c, mb) = K::mins_p(&prep[i], ab[j]);
@@ -803,17 +894,18 @@ mod x86 {
         w: &[K],
         per_row: usize,
         a: &[K::Act],
+        aux: &[ActAux],
         r0: usize,
         (s0, s1): (usize, usize),
         out: Out,
     ) {
         let mut s = s0;
         while s + RN <= s1 {
-            tile::<K, RM, RN>(w, per_row, a, r0, s, out);
+            tile::<K, RM, RN>(w, per_row, a, aux, r0, s, out);
             s += RN;
         }
         while s < s1 {
-            tile::<K, RM, 1>(w, per_row, a, r0, s, out);
+            tile::<K, RM, 1>(w, per_row, a, aux, r0, s, out);
             s += 1;
         }
     }
@@ -828,6 +920,7 @@ mod x86 {
         n: usize,
         per_row: usize,
         a: &[K::Act],
+        aux: &[ActAux],
         t: usize,
         out: Out,
     ) {
@@ -836,7 +929,7 @@ mod x86 {
 
         if t <= SMALL_BATCH {
             for r in 0..n {
-                tiles::<K, 1, 4>(w, per_row, a, r, (0, t), out);
+                tiles::<K, 1, 4>(w, per_row, a, aux, r, (0, t), out);
             }
             return;
         }
@@ -846,11 +939,11 @@ mod x86 {
             let span = (s0, (s0 + TOKEN_BLOCK).min(t));
             let mut r = 0;
             while r < full {
-                tiles::<K, PM, PN>(w, per_row, a, r, span, out);
+                tiles::<K, PM, PN>(w, per_row, a, aux, r, span, out);
                 r += PM;
             }
             while r < n {
-                tiles::<K, 1, PN>(w, per_row, a, r, span, out);
+                tiles::<K, 1, PN>(w, per_row, a, aux, r, span, out);
                 r += 1;
             }
             s0 = span.1;

@@ -13,7 +13,7 @@
 //! `QMatMul` is not used for them: on x86 it repacks Q4_K (and, with AVX-512 VNNI, Q8_0; for
 //! several rows, Q6_K) into tiles of its own on first use, a second resident copy of the
 //! weights that costs seconds of load (BENCHMARKS.md, "Generation"). Embedding rows are
-//! dequantized exactly ([`dequantize`]).
+//! dequantized exactly by candle's `to_float` (ggml's `dequantize_row_*`).
 
 use std::any::TypeId;
 use std::marker::PhantomData;
@@ -23,7 +23,6 @@ use candle_core::quantized::k_quants::{self, GgmlType};
 use candle_core::quantized::GgmlDType;
 use candle_core::Result as CandleResult;
 
-use crate::models::dequant::dequantize;
 use crate::models::qmatmul;
 
 /// The blocks of a [`QuantMatrix`].
@@ -102,7 +101,7 @@ impl<T: GgmlType + Send + Sync + 'static> Blocks for Stored<T> {
         let per_row = cols / T::BLCK_SIZE;
         let rows = dst.len() / cols.max(1);
         let blocks = &self.blocks()[r0 * per_row..(r0 + rows) * per_row];
-        dequantize(blocks, dst);
+        T::to_float(blocks, dst);
     }
 }
 
