@@ -174,8 +174,8 @@ impl ActBlock for Q8K {
     }
 }
 
-/// A conversion of an f16's bits to f32 (exact): the `half` crate's, or F16C's instruction
-/// on x86 (`x86::F16c`). Both give the same value for every f16 that is not a NaN.
+/// A conversion of an f16's bits to f32 (exact): the `half` crate's ([`Soft`]), or on x86 a
+/// table of every f16's value (`x86::F16c`). Both give the same value for every f16.
 pub(crate) trait Halves: Copy {
     /// The value of the f16 `bits`.
     fn f32(self, bits: u16) -> f32;
@@ -558,7 +558,8 @@ mod x86 {
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(bits as i16)))
     }
 
-    /// The table's conversion of an f16 to f32 (`table`), fetched once per product.
+    /// The table's conversion of an f16 to f32 (`table`), fetched once per product (named
+    /// for the CPUs it runs on: the kernels that hold one also use F16C directly, `f16c`).
     #[derive(Clone, Copy)]
     pub(super) struct F16c(&'static [f32; 65536]);
 
