@@ -158,6 +158,10 @@ pub(crate) fn matmul<E: Elem>(
 /// of the product `y [t, rows] = x [t, cols] · W^T`, over rayon's pool when it has more than
 /// one thread (`state` from `init`, one per thread); `out` is `y` with the task's rows at
 /// columns `r0..r0 + n`, which only that task writes.
+///
+/// # Panics
+/// When `x` is not `t * cols` values or `y` not `t * rows` (a caller's bug: the public paths
+/// check the lengths first).
 pub(super) fn by_tasks<S>(
     rows: usize,
     cols: usize,
@@ -167,8 +171,9 @@ pub(super) fn by_tasks<S>(
     init: impl Fn() -> S + Send + Sync,
     task: impl Fn(&mut S, usize, usize, Out) + Send + Sync,
 ) {
-    debug_assert_eq!(x.len(), t * cols);
-    debug_assert_eq!(y.len(), t * rows);
+    // Real checks, once per product: the kernels read `x` and write `y` through pointers.
+    assert_eq!(x.len(), t * cols, "activations of [{t}, {cols}]");
+    assert_eq!(y.len(), t * rows, "output of [{t}, {rows}]");
     if t == 0 || rows == 0 {
         return;
     }

@@ -450,7 +450,11 @@ pub(crate) fn matmul<K: Kernel>(
     // SAFETY: `K` is the mirror of `K::Candle` (the `same_layout` assertions).
     let w: &[K] = unsafe { view(w) };
     let acts = quantize_rows::<K>(x, t, cols);
-    let aux: Vec<ActAux> = if cfg!(target_arch = "x86_64") && crate::models::matmul::avx2() {
+    #[cfg(target_arch = "x86_64")]
+    let simd = crate::models::matmul::avx2();
+    #[cfg(not(target_arch = "x86_64"))]
+    let simd = false;
+    let aux: Vec<ActAux> = if simd {
         acts.iter().map(ActBlock::aux).collect()
     } else {
         Vec::new()
@@ -513,6 +517,7 @@ unsafe fn rows_kernel<K: Kernel>(
     if crate::models::matmul::avx2() {
         // SAFETY: the CPU has AVX2 and FMA (checked once by `avx2`); the lengths are the
         // caller's.
+        debug_assert_eq!(aux.len(), a.len());
         return K::avx2_rows(w, n, per_row, a, aux, t, out);
     }
     let _ = aux;
