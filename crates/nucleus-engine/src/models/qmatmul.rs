@@ -210,7 +210,9 @@ pub(crate) trait Kernel: Copy + Send + Sync + 'static {
     fn scale<H: Halves>(w: &Self, a: &Self::Act, h: H) -> f32;
 
     /// The block pair's minimum term `(-(d_x · dmin_w), M_b)`; `(0, 0)` without minimums.
-    fn mins<H: Halves>(w: &Self, a: &Self::Act, h: H) -> (f32, i32);
+    fn mins<H: Halves>(_w: &Self, _a: &Self::Act, _h: H) -> (f32, i32) {
+        (0.0, 0)
+    }
 
     /// `rows_kernel` on AVX2 (`x86::rows_kernel` of the type).
     ///
@@ -247,19 +249,26 @@ pub(crate) fn dot_portable<K: Kernel>(w: &[K], a: &[K::Act]) -> f32 {
     reduce(&acc) + m
 }
 
+/// `Kernel::avx2_rows` of a type: its `x86::rows_kernel`.
+macro_rules! avx2_rows {
+    () => {
+        #[cfg(target_arch = "x86_64")]
+        unsafe fn avx2_rows(
+            w: &[Self],
+            n: usize,
+            per_row: usize,
+            a: &[Self::Act],
+            aux: &[ActAux],
+            t: usize,
+            out: Out,
+        ) {
+            x86::rows_kernel(w, n, per_row, a, aux, t, out)
+        }
+    };
+}
+
 impl Kernel for Q8_0 {
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn avx2_rows(
-        w: &[Self],
-        n: usize,
-        per_row: usize,
-        a: &[Self::Act],
-        aux: &[ActAux],
-        t: usize,
-        out: Out,
-    ) {
-        x86::rows_kernel(w, n, per_row, a, aux, t, out)
-    }
+    avx2_rows!();
 
     type Candle = BlockQ8_0;
     type Act = Q8_0;
@@ -278,25 +287,10 @@ impl Kernel for Q8_0 {
     fn scale<H: Halves>(w: &Self, a: &Q8_0, h: H) -> f32 {
         h.f32(w.d) * h.f32(a.d)
     }
-
-    fn mins<H: Halves>(_: &Self, _: &Q8_0, _: H) -> (f32, i32) {
-        (0.0, 0)
-    }
 }
 
 impl Kernel for Q4_0 {
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn avx2_rows(
-        w: &[Self],
-        n: usize,
-        per_row: usize,
-        a: &[Self::Act],
-        aux: &[ActAux],
-        t: usize,
-        out: Out,
-    ) {
-        x86::rows_kernel(w, n, per_row, a, aux, t, out)
-    }
+    avx2_rows!();
 
     type Candle = BlockQ4_0;
     type Act = Q8_0;
@@ -320,10 +314,6 @@ impl Kernel for Q4_0 {
     fn scale<H: Halves>(w: &Self, a: &Q8_0, h: H) -> f32 {
         h.f32(w.d) * h.f32(a.d)
     }
-
-    fn mins<H: Halves>(_: &Self, _: &Q8_0, _: H) -> (f32, i32) {
-        (0.0, 0)
-    }
 }
 
 /// Q4_K's 6-bit scale and minimum of sub-block `j` (ggml's `get_scale_min_k4`).
@@ -340,18 +330,7 @@ fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
 }
 
 impl Kernel for Q4K {
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn avx2_rows(
-        w: &[Self],
-        n: usize,
-        per_row: usize,
-        a: &[Self::Act],
-        aux: &[ActAux],
-        t: usize,
-        out: Out,
-    ) {
-        x86::rows_kernel(w, n, per_row, a, aux, t, out)
-    }
+    avx2_rows!();
 
     type Candle = BlockQ4K;
     type Act = Q8K;
@@ -388,18 +367,7 @@ impl Kernel for Q4K {
 }
 
 impl Kernel for Q6K {
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn avx2_rows(
-        w: &[Self],
-        n: usize,
-        per_row: usize,
-        a: &[Self::Act],
-        aux: &[ActAux],
-        t: usize,
-        out: Out,
-    ) {
-        x86::rows_kernel(w, n, per_row, a, aux, t, out)
-    }
+    avx2_rows!();
 
     type Candle = BlockQ6K;
     type Act = Q8K;
@@ -427,10 +395,6 @@ impl Kernel for Q6K {
     #[inline(always)]
     fn scale<H: Halves>(w: &Self, a: &Q8K, h: H) -> f32 {
         a.d * h.f32(w.d)
-    }
-
-    fn mins<H: Halves>(_: &Self, _: &Q8K, _: H) -> (f32, i32) {
-        (0.0, 0)
     }
 }
 
@@ -608,7 +572,9 @@ mod x86 {
         /// [`Kernel::scale`] from the prepared scalars (`x.d`: the activation's scale).
         unsafe fn scale_p(p: &Self::Prep, x: &ActAux) -> f32;
         /// [`Kernel::mins`] from the prepared scalars (Q4_K).
-        unsafe fn mins_p(p: &Self::Prep, a: &Self::Act) -> (f32, i32);
+        unsafe fn mins_p(_p: &Self::Prep, _a: &Self::Act) -> (f32, i32) {
+            (0.0, 0)
+        }
     }
 
     /// The lanes of 4 products each of two vectors of 32 signed bytes, `|w| <= 128` in `abs`
@@ -644,10 +610,6 @@ mod x86 {
         unsafe fn scale_p(p: &f32, x: &ActAux) -> f32 {
             *p * x.d
         }
-        #[inline(always)]
-        unsafe fn mins_p(_: &f32, _: &Q8_0) -> (f32, i32) {
-            (0.0, 0)
-        }
     }
 
     impl Avx2 for Q4_0 {
@@ -681,10 +643,6 @@ mod x86 {
         #[inline(always)]
         unsafe fn scale_p(p: &f32, x: &ActAux) -> f32 {
             *p * x.d
-        }
-        #[inline(always)]
-        unsafe fn mins_p(_: &f32, _: &Q8_0) -> (f32, i32) {
-            (0.0, 0)
         }
     }
 
@@ -806,10 +764,6 @@ mod x86 {
         #[inline(always)]
         unsafe fn scale_p(p: &f32, x: &ActAux) -> f32 {
             x.d * *p
-        }
-        #[inline(always)]
-        unsafe fn mins_p(_: &f32, _: &Q8K) -> (f32, i32) {
-            (0.0, 0)
         }
     }
 
