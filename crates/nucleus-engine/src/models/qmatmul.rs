@@ -451,8 +451,19 @@ fn quantize_rows<K: Kernel>(x: &[f32], t: usize, cols: usize) -> Vec<K::Act> {
             K::CandleAct::from_float(xs, ys);
         }
     }
-    // SAFETY: `K::Act` is the mirror of `K::CandleAct` (Q8_0 of BlockQ8_0, Q8K of BlockQ8K).
-    let mut acts: Vec<K::Act> = unsafe { view(&blocks) }.to_vec();
+    // The same allocation as our mirror type, not a copy.
+    let mut blocks = std::mem::ManuallyDrop::new(blocks);
+    debug_assert!(same_layout::<K::CandleAct, K::Act>());
+    // SAFETY: `K::Act` is the mirror of `K::CandleAct` (Q8_0 of BlockQ8_0, Q8K of BlockQ8K:
+    // the same size and alignment, asserted at compile time, both plain old data), so the
+    // allocation's layout is the same; `blocks` is not dropped.
+    let mut acts: Vec<K::Act> = unsafe {
+        Vec::from_raw_parts(
+            blocks.as_mut_ptr().cast::<K::Act>(),
+            blocks.len(),
+            blocks.capacity(),
+        )
+    };
     for (xs, a) in x.chunks_exact(block).zip(&mut acts) {
         if xs.iter().any(|v| v.is_nan()) {
             a.poison();
