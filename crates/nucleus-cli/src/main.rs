@@ -133,6 +133,7 @@ fn main() -> ExitCode {
     // A bug must not print a backtrace at the user: one line, then exit 101. The hook never
     // panics itself (a panic inside it aborts the process).
     std::panic::set_hook(Box::new(nucleus_cli::report::panic_hook));
+    nucleus_cli::memory::tune_malloc();
     let cli = Cli::parse();
     // The thread count, once, before any pool exists (README.md, "CLI": `--threads`). The
     // benchmarks' own `--threads` sizes the pools they time; it sizes the process's too.

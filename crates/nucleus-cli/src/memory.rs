@@ -8,6 +8,24 @@ pub use nucleus_bench::memory::{
     can_allocate, can_allocate_checked, gib, memory_and_swap, refusal, with_margin,
 };
 
+/// Keeps the forward pass's freed buffers in the process instead of returning them to the
+/// kernel (glibc on Linux; elsewhere nothing): allocations of up to 64 MiB come from the heap
+/// rather than a mapping of their own, and up to 256 MiB of free memory at the heap's top stays
+/// there (`mallopt`'s `M_MMAP_THRESHOLD` and `M_TRIM_THRESHOLD`). candle allocates every op's
+/// output afresh; with glibc's defaults each of a prefill's multi-megabyte buffers was mapped,
+/// faulted in page by page and unmapped again, 0.4 to 0.5 s of an 8 s prefill on the 0.85 B
+/// Q8_0 model (BENCHMARKS.md, "Prefill kernels"), for about 20 MiB more resident memory. Call
+/// once, before the work starts.
+pub fn tune_malloc() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `mallopt` only sets the allocator's parameters; it is called before any other
+    // thread exists (the start of `main`).
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
+    }
+}
+
 /// `count * each` bytes, `None` on overflow.
 fn times(count: usize, each: usize) -> Option<usize> {
     count.checked_mul(each)

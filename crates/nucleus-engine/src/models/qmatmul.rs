@@ -28,11 +28,16 @@
 //! candle's dequantize-then-multiply. The tiles: one weight row at a time against up to 4
 //! activation rows while at most [`SMALL_BATCH`] rows (decode: the weights read as one
 //! sequential stream, which measured faster than 2 or 4 rows at a time for every type here,
-//! Q6_K 5x faster than 4 rows), 2 weight rows × 4 activation rows beyond (prefill: each weight
-//! chunk unpacked once for 4 activation rows, activations in blocks of [`TOKEN_BLOCK`] rows;
-//! measured the fastest of 4 × 2, 4 × 3, 3 × 4, 2 × 2, 2 × 3 and 1 × 4 over the four types);
+//! Q6_K 5x faster than 4 rows), 2 weight rows × 4 activation rows beyond (3 × 4 for Q4_0;
+//! prefill: each weight chunk unpacked once for 4 activation rows, activations in blocks of
+//! [`TOKEN_BLOCK`] rows; measured the fastest of 4 × 2, 4 × 3, 3 × 4, 2 × 2, 2 × 3 and 1 × 4);
 //! rows split over rayon's pool in tasks of [`TASK_ROWS`] rows ([`crate::models::matmul`]'s
-//! runner). There is no AVX-512 variant: the machines this was built and measured on have
+//! runner). For Q8_0 and Q4_0 the activations are quantized on AVX2 (candle's bits, 6x less
+//! time than its scalar `from_float` with a libm `roundf` per value) and laid out in groups of
+//! 4 rows ([`grouped`]): a tile reads one stream, and multiplies its 4 activation scales by a
+//! weight block's in one instruction, then spreads each over the lanes with a shuffle (one
+//! instruction per pair instead of a scalar product and a broadcast: Q8_0 prefill 15 to 20%
+//! faster). There is no AVX-512 variant: the machines this was built and measured on have
 //! none, and a kernel we cannot run is one we cannot test.
 //!
 //! ggml's semantics differ from an exact product by the activations' 8-bit rounding: on the
@@ -123,13 +128,29 @@ unsafe fn view<C, M>(blocks: &[C]) -> &[M] {
     std::slice::from_raw_parts(blocks.as_ptr().cast::<M>(), blocks.len())
 }
 
-/// What the AVX2 kernels use of an activation block besides its quants, worked out once per
-/// product: its scale as f32, and (Q8_0) 8 times the sum of each 4 consecutive quants, for
-/// Q4_0's `(q - 8) · a = q · a - 8 · a` per lane (exact integers either way).
-#[derive(Clone, Copy, Default)]
+/// What the AVX2 kernels use of the activation blocks besides their quants, worked out once
+/// per product, one entry per block: the scales as f32 (`d`), and for the kernels that ask for
+/// them ([`Kernel::SUMS8`]: Q4_0) 8 times the sum of each 4 consecutive quants, for
+/// `(q - 8) · a = q · a - 8 · a` per lane (exact integers either way; `sums8`, empty
+/// otherwise). Arrays apart, so the prefill tiles read 4 bytes per block of the scales and
+/// nothing they do not use.
 pub(crate) struct ActAux {
-    d: f32,
-    sums8: [i32; LANES],
+    d: Vec<f32>,
+    sums8: Vec<[i32; LANES]>,
+}
+
+impl ActAux {
+    /// The scales and (with `K::SUMS8`) the lane sums of `acts`.
+    fn new<K: Kernel>(acts: &[K::Act]) -> Self {
+        Self {
+            d: acts.iter().map(ActBlock::d).collect(),
+            sums8: if K::SUMS8 {
+                acts.iter().map(K::sums8).collect()
+            } else {
+                Vec::new()
+            },
+        }
+    }
 }
 
 /// An activation block type.
@@ -137,8 +158,8 @@ pub(crate) trait ActBlock: Copy + Send + Sync + 'static {
     /// Makes the block's scale NaN (see [`quantize_rows`]).
     fn poison(&mut self);
 
-    /// The block's [`ActAux`].
-    fn aux(&self) -> ActAux;
+    /// The block's scale as f32.
+    fn d(&self) -> f32;
 }
 
 impl ActBlock for Q8_0 {
@@ -146,18 +167,8 @@ impl ActBlock for Q8_0 {
         self.d = half::f16::NAN.to_bits();
     }
 
-    fn aux(&self) -> ActAux {
-        let mut sums8 = [0i32; LANES];
-        for (l, sum) in sums8.iter_mut().enumerate() {
-            *sum = 8 * self.qs[4 * l..4 * l + 4]
-                .iter()
-                .map(|&q| q as i32)
-                .sum::<i32>();
-        }
-        ActAux {
-            d: Soft.f32(self.d),
-            sums8,
-        }
+    fn d(&self) -> f32 {
+        Soft.f32(self.d)
     }
 }
 
@@ -166,11 +177,8 @@ impl ActBlock for Q8K {
         self.d = f32::NAN;
     }
 
-    fn aux(&self) -> ActAux {
-        ActAux {
-            d: self.d,
-            sums8: [0; LANES],
-        }
+    fn d(&self) -> f32 {
+        self.d
     }
 }
 
@@ -202,6 +210,22 @@ pub(crate) trait Kernel: Copy + Send + Sync + 'static {
     type CandleAct: GgmlType;
     /// Whether the type has minimums (Q4_K).
     const MINS: bool;
+    /// Whether the AVX2 kernel reads the activation blocks' `ActAux::sums8` (Q4_0).
+    const SUMS8: bool = false;
+    /// Whether the AVX2 kernel reads the activations in [`grouped`]'s layout (Q8_0 and Q4_0,
+    /// whose tiles then work out 4 scales at once; measured slower for the super-block types).
+    const GROUPED: bool;
+
+    /// Quantizes one activation row `xs` into `ys` (`xs.len() / block` blocks) as candle's
+    /// `CandleAct::from_float` does, each block with a NaN then poisoned ([`quantize_rows`]).
+    fn quantize_row(xs: &[f32], ys: &mut [Self::Act]) {
+        from_float_poisoned::<Self>(xs, ys)
+    }
+
+    /// An activation block's `ActAux::sums8` entry (with `SUMS8`).
+    fn sums8(_a: &Self::Act) -> [i32; LANES] {
+        [0; LANES]
+    }
 
     /// The block pair's exact integer lanes (the module docs).
     fn lanes(w: &Self, a: &Self::Act) -> [i32; LANES];
@@ -225,7 +249,7 @@ pub(crate) trait Kernel: Copy + Send + Sync + 'static {
         n: usize,
         per_row: usize,
         a: &[Self::Act],
-        aux: &[ActAux],
+        aux: &ActAux,
         t: usize,
         out: Out,
     );
@@ -258,7 +282,7 @@ macro_rules! avx2_rows {
             n: usize,
             per_row: usize,
             a: &[Self::Act],
-            aux: &[ActAux],
+            aux: &ActAux,
             t: usize,
             out: Out,
         ) {
@@ -274,6 +298,11 @@ impl Kernel for Q8_0 {
     type Act = Q8_0;
     type CandleAct = BlockQ8_0;
     const MINS: bool = false;
+    const GROUPED: bool = true;
+
+    fn quantize_row(xs: &[f32], ys: &mut [Q8_0]) {
+        quantize_row_q8_0(xs, ys)
+    }
 
     fn lanes(w: &Self, a: &Q8_0) -> [i32; LANES] {
         let mut l = [0i32; LANES];
@@ -296,6 +325,24 @@ impl Kernel for Q4_0 {
     type Act = Q8_0;
     type CandleAct = BlockQ8_0;
     const MINS: bool = false;
+    const SUMS8: bool = true;
+    const GROUPED: bool = true;
+
+    fn quantize_row(xs: &[f32], ys: &mut [Q8_0]) {
+        quantize_row_q8_0(xs, ys)
+    }
+
+    /// 8 times the sum of each 4 consecutive quants.
+    fn sums8(a: &Q8_0) -> [i32; LANES] {
+        let mut sums8 = [0i32; LANES];
+        for (l, sum) in sums8.iter_mut().enumerate() {
+            *sum = 8 * a.qs[4 * l..4 * l + 4]
+                .iter()
+                .map(|&q| q as i32)
+                .sum::<i32>();
+        }
+        sums8
+    }
 
     fn lanes(w: &Self, a: &Q8_0) -> [i32; LANES] {
         let mut l = [0i32; LANES];
@@ -336,6 +383,7 @@ impl Kernel for Q4K {
     type Act = Q8K;
     type CandleAct = BlockQ8K;
     const MINS: bool = true;
+    const GROUPED: bool = false;
 
     fn lanes(w: &Self, a: &Q8K) -> [i32; LANES] {
         let mut l = [0i32; LANES];
@@ -373,6 +421,7 @@ impl Kernel for Q6K {
     type Act = Q8K;
     type CandleAct = BlockQ8K;
     const MINS: bool = false;
+    const GROUPED: bool = false;
 
     fn lanes(w: &Self, a: &Q8K) -> [i32; LANES] {
         let mut l = [0i32; LANES];
@@ -418,10 +467,16 @@ pub(crate) fn matmul<K: Kernel>(
     let simd = crate::models::matmul::avx2();
     #[cfg(not(target_arch = "x86_64"))]
     let simd = false;
-    let aux: Vec<ActAux> = if simd {
-        acts.iter().map(ActBlock::aux).collect()
+    let (acts, aux) = if simd {
+        let acts = if K::GROUPED {
+            grouped(&acts, t, per_row)
+        } else {
+            acts
+        };
+        let aux = ActAux::new::<K>(&acts);
+        (acts, Some(aux))
     } else {
-        Vec::new()
+        (acts, None)
     };
     by_tasks(
         rows,
@@ -432,8 +487,9 @@ pub(crate) fn matmul<K: Kernel>(
         || (),
         |_, r0, n, out| {
             let w = &w[r0 * per_row..(r0 + n) * per_row];
-            // SAFETY: the task writes columns r0..r0 + n of `y` only (`by_tasks`).
-            unsafe { rows_kernel::<K>(w, n, per_row, &acts, &aux, t, out) };
+            // SAFETY: the task writes columns r0..r0 + n of `y` only (`by_tasks`); `aux` only
+            // when `avx2` found AVX2, FMA and F16C.
+            unsafe { rows_kernel::<K>(w, n, per_row, &acts, aux.as_ref(), t, out) };
         },
     );
 }
@@ -445,12 +501,7 @@ pub(crate) fn matmul<K: Kernel>(
 fn quantize_rows<K: Kernel>(x: &[f32], t: usize, cols: usize) -> Vec<K::Act> {
     let block = K::CandleAct::BLCK_SIZE;
     let per_row = cols / block;
-    let mut blocks = vec![K::CandleAct::zeros(); t * per_row];
-    if per_row > 0 {
-        for (xs, ys) in x.chunks_exact(cols).zip(blocks.chunks_exact_mut(per_row)) {
-            K::CandleAct::from_float(xs, ys);
-        }
-    }
+    let blocks = vec![K::CandleAct::zeros(); t * per_row];
     // The same allocation as our mirror type, not a copy.
     let mut blocks = std::mem::ManuallyDrop::new(blocks);
     debug_assert!(same_layout::<K::CandleAct, K::Act>());
@@ -464,35 +515,90 @@ fn quantize_rows<K: Kernel>(x: &[f32], t: usize, cols: usize) -> Vec<K::Act> {
             blocks.capacity(),
         )
     };
-    for (xs, a) in x.chunks_exact(block).zip(&mut acts) {
-        if xs.iter().any(|v| v.is_nan()) {
-            a.poison();
+    if per_row > 0 {
+        for (xs, ys) in x.chunks_exact(cols).zip(acts.chunks_exact_mut(per_row)) {
+            K::quantize_row(xs, ys);
         }
     }
     acts
 }
 
+/// candle's `from_float` of one activation row into `ys` (`xs.len() / block` blocks), then
+/// each block with a NaN poisoned ([`quantize_rows`]).
+fn from_float_poisoned<K: Kernel>(xs: &[f32], ys: &mut [K::Act]) {
+    // SAFETY: `K::CandleAct` is `K::Act`'s mirror (the `same_layout` assertions), plain old
+    // data valid for every bit pattern.
+    let c: &mut [K::CandleAct] =
+        unsafe { std::slice::from_raw_parts_mut(ys.as_mut_ptr().cast(), ys.len()) };
+    K::CandleAct::from_float(xs, c);
+    for (xs, a) in xs.chunks_exact(K::CandleAct::BLCK_SIZE).zip(ys) {
+        if xs.iter().any(|v| v.is_nan()) {
+            a.poison();
+        }
+    }
+}
+
+/// [`quantize_rows`] of one row for Q8_0 and Q4_0: AVX2 (`x86::quantize_q8_0`, the same bits
+/// as candle's `BlockQ8_0::from_float`) or candle's.
+fn quantize_row_q8_0(xs: &[f32], ys: &mut [Q8_0]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::models::matmul::avx2() {
+        // SAFETY: the CPU has AVX2 (and FMA, F16C).
+        return unsafe { x86::quantize_q8_0(xs, ys) };
+    }
+    from_float_poisoned::<Q8_0>(xs, ys)
+}
+
+/// Activation rows in each tile's group of [`ACT_GROUP`]: block `b` of row `s` at
+/// [`grouped_at`]`(s, b, per_row)`, so a tile of up to `ACT_GROUP` rows of one group reads its
+/// activation blocks (and their `ActAux` entries) as one sequential stream rather than one
+/// per row. The last group is padded to `ACT_GROUP` rows with copies of a block (never read).
+fn grouped<A: Copy>(acts: &[A], t: usize, per_row: usize) -> Vec<A> {
+    let Some(&fill) = acts.first() else {
+        return Vec::new();
+    };
+    let mut out = vec![fill; t.div_ceil(ACT_GROUP) * ACT_GROUP * per_row];
+    for (s, row) in acts.chunks_exact(per_row).enumerate() {
+        for (b, &a) in row.iter().enumerate() {
+            out[grouped_at(s, b, per_row)] = a;
+        }
+    }
+    out
+}
+
+/// Rows of the activations' groups ([`grouped`]): the AVX2 tiles' activation rows.
+const ACT_GROUP: usize = 4;
+
+/// The index of block `b` of activation row `s` in [`grouped`]'s layout (`per_row` blocks a
+/// row): the groups one after another, in each the rows' blocks `b` side by side.
+#[inline(always)]
+fn grouped_at(s: usize, b: usize, per_row: usize) -> usize {
+    ((s / ACT_GROUP) * per_row + b) * ACT_GROUP + s % ACT_GROUP
+}
+
 /// `y[s, out.col0 + r] = dot(w row r, activation row s)` for the `n` weight rows of `w` and the
-/// `t` activation rows of `a` (`per_row` blocks each; dispatched).
+/// `t` activation rows of `a` (`per_row` blocks each): on AVX2 when `aux` is given (`a` then
+/// in [`grouped`]'s layout, `aux` its `ActAux`), else portable (`a` row after row).
 ///
 /// # Safety
 /// As `crate::models::matmul`'s `rows_kernel`: `out` holds `t` rows of `out.stride >=
-/// out.col0 + n` values, and no other thread writes columns `out.col0..out.col0 + n`.
+/// out.col0 + n` values, and no other thread writes columns `out.col0..out.col0 + n`; with
+/// `aux`, the CPU has AVX2, FMA and F16C.
 unsafe fn rows_kernel<K: Kernel>(
     w: &[K],
     n: usize,
     per_row: usize,
     a: &[K::Act],
-    aux: &[ActAux],
+    aux: Option<&ActAux>,
     t: usize,
     out: Out,
 ) {
     debug_assert!(w.len() >= n * per_row && a.len() >= t * per_row);
     #[cfg(target_arch = "x86_64")]
-    if crate::models::matmul::avx2() {
-        // SAFETY: the CPU has AVX2 and FMA (checked once by `avx2`); the lengths are the
-        // caller's.
-        debug_assert_eq!(aux.len(), a.len());
+    if let Some(aux) = aux {
+        // SAFETY: the CPU has AVX2, FMA and F16C (the caller's); the lengths are the caller's.
+        debug_assert_eq!(aux.d.len(), a.len());
+        debug_assert_eq!(aux.sums8.len(), if K::SUMS8 { a.len() } else { 0 });
         return K::avx2_rows(w, n, per_row, a, aux, t, out);
     }
     let _ = aux;
@@ -509,8 +615,8 @@ unsafe fn rows_kernel<K: Kernel>(
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{ActAux, Halves, Kernel, Out, Q4K, Q4_0, Q6K, Q8K, Q8_0, SMALL_BATCH};
-    use super::{LANES, TOKEN_BLOCK};
+    use super::{grouped_at, ACT_GROUP, LANES, TOKEN_BLOCK};
+    use super::{ActAux, ActBlock, Halves, Kernel, Out, Q4K, Q4_0, Q6K, Q8K, Q8_0, SMALL_BATCH};
     use crate::models::matmul::x86::finish;
 
     /// The f32 value of every f16 (256 KiB), for the scales of Q8_0 and Q4_0 blocks (weights
@@ -556,6 +662,70 @@ mod x86 {
         }
     }
 
+    /// candle's `BlockQ8_0::from_float` of one row, bit for bit, on AVX2, each block with a
+    /// NaN poisoned (`quantize_rows`): `amax` the largest `|x|` (NaNs skipped, as `f32::max`
+    /// does), `d = amax / 127` stored as f16, `q = round(x / d)` (rounded half away from zero
+    /// as `f32::round`, then saturated as `as i8`: NaN 0, ±inf ±127/-128) with `x` times
+    /// `1 / d` (0 when `d` is 0).
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn quantize_q8_0(xs: &[f32], ys: &mut [Q8_0]) {
+        assert_eq!(xs.len(), ys.len() * 32, "a row of whole blocks");
+        let sign = _mm256_set1_ps(-0.0);
+        for (xs, y) in xs.chunks_exact(32).zip(ys.iter_mut()) {
+            // Loops, not closures (`array::from_fn`), as in `tile`.
+            let mut v = [_mm256_setzero_ps(); 4];
+            for (i, v) in v.iter_mut().enumerate() {
+                *v = _mm256_loadu_ps(xs.as_ptr().add(8 * i));
+            }
+            // max(|x|, acc) keeps acc when |x| is NaN (the second operand on unordered).
+            let mut m = _mm256_setzero_ps();
+            let mut nan = _mm256_setzero_ps();
+            for &x in &v {
+                m = _mm256_max_ps(_mm256_andnot_ps(sign, x), m);
+                nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x));
+            }
+            let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+            let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+            let d = amax / 127.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            y.d = half::f16::from_f32(d).to_bits();
+            let idv = _mm256_set1_ps(id);
+            let mut q = [_mm256_setzero_si256(); 4];
+            for (q, &x) in q.iter_mut().zip(&v) {
+                let x = _mm256_mul_ps(x, idv);
+                let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(x);
+                // |x - t| >= 0.5: one more away from zero (`x - t` is exact).
+                let up = _mm256_cmp_ps::<_CMP_GE_OQ>(
+                    _mm256_andnot_ps(sign, _mm256_sub_ps(x, t)),
+                    _mm256_set1_ps(0.5),
+                );
+                let one = _mm256_or_ps(_mm256_and_ps(x, sign), _mm256_set1_ps(1.0));
+                let r = _mm256_add_ps(t, _mm256_and_ps(up, one));
+                // NaN to 0, then saturated to i8.
+                let r = _mm256_and_ps(r, _mm256_cmp_ps::<_CMP_ORD_Q>(r, r));
+                let r = _mm256_min_ps(
+                    _mm256_max_ps(r, _mm256_set1_ps(-128.0)),
+                    _mm256_set1_ps(127.0),
+                );
+                *q = _mm256_cvtps_epi32(r);
+            }
+            // Packs interleave the 128-bit halves; the permutation puts the 32 back in order.
+            let p = _mm256_packs_epi16(
+                _mm256_packs_epi32(q[0], q[1]),
+                _mm256_packs_epi32(q[2], q[3]),
+            );
+            let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(y.qs.as_mut_ptr().cast(), p);
+            if _mm256_movemask_ps(nan) != 0 {
+                y.poison();
+            }
+        }
+    }
+
     /// A [`Kernel`] on AVX2: a block is `CHUNKS` chunks of 32 elements; the integer lanes of a
     /// block pair are the sum over its chunks of `dot(chunk(w, c), a's chunk c)`, exactly
     /// `Kernel::lanes`.
@@ -568,6 +738,8 @@ mod x86 {
         /// faster decode on the 0.85 B model, and 13% slower on Q4_K_M, whose super-blocks
         /// are read with more work per byte.
         const PREFETCH: usize;
+        /// Weight rows of a prefill tile (2 or 3; measured per type).
+        const PM: usize = 2;
         /// The weight block's scalars, unpacked once per block and tile.
         type Prep: Copy;
         /// A weight chunk unpacked into registers.
@@ -578,10 +750,17 @@ mod x86 {
         /// Chunk `c` of the weight block.
         unsafe fn chunk(w: &Self, p: &Self::Prep, c: usize) -> Self::Chunk;
         /// The 8 integer lanes of chunk `c` of a weight block and of an activation block
-        /// (`x`: the activation block's `ActAux`).
-        unsafe fn dot(w: &Self::Chunk, a: &Self::Act, x: &ActAux, c: usize) -> __m256i;
-        /// [`Kernel::scale`] from the prepared scalars (`x.d`: the activation's scale).
-        unsafe fn scale_p(p: &Self::Prep, x: &ActAux) -> f32;
+        /// (`sums8`: the activation block's `ActAux::sums8` entry when `Kernel::SUMS8`,
+        /// else dangling).
+        unsafe fn dot(
+            w: &Self::Chunk,
+            a: &Self::Act,
+            sums8: *const [i32; LANES],
+            c: usize,
+        ) -> __m256i;
+        /// The weight block's factor of [`Kernel::scale`] from the prepared scalars: the
+        /// scale is this times the activation block's (`ActAux::d`), multiplied in f32.
+        unsafe fn wd(p: &Self::Prep) -> f32;
         /// [`Kernel::mins`] from the prepared scalars (Q4_K).
         unsafe fn mins_p(_p: &Self::Prep, _a: &Self::Act) -> (f32, i32) {
             (0.0, 0)
@@ -614,18 +793,19 @@ mod x86 {
             (_mm256_sign_epi8(q, q), q)
         }
         #[inline(always)]
-        unsafe fn dot(w: &(__m256i, __m256i), a: &Q8_0, _: &ActAux, _: usize) -> __m256i {
+        unsafe fn dot(w: &(__m256i, __m256i), a: &Q8_0, _: *const [i32; 8], _: usize) -> __m256i {
             signed(w.0, w.1, _mm256_loadu_si256(a.qs.as_ptr().cast()))
         }
         #[inline(always)]
-        unsafe fn scale_p(p: &f32, x: &ActAux) -> f32 {
-            *p * x.d
+        unsafe fn wd(p: &f32) -> f32 {
+            *p
         }
     }
 
     impl Avx2 for Q4_0 {
         const CHUNKS: usize = 1;
         const PREFETCH: usize = 1024;
+        const PM: usize = 3;
         type Prep = f32;
         type Chunk = __m256i;
 
@@ -644,16 +824,16 @@ mod x86 {
         }
         /// `Σ (q - 8) · a` per lane as `Σ q · a - 8 · Σ a`, the activation's `8 · Σ a` from `x`.
         #[inline(always)]
-        unsafe fn dot(w: &__m256i, a: &Q8_0, x: &ActAux, _: usize) -> __m256i {
+        unsafe fn dot(w: &__m256i, a: &Q8_0, sums8: *const [i32; 8], _: usize) -> __m256i {
             let qa = _mm256_loadu_si256(a.qs.as_ptr().cast());
             _mm256_sub_epi32(
                 _mm256_madd_epi16(_mm256_maddubs_epi16(*w, qa), _mm256_set1_epi16(1)),
-                _mm256_loadu_si256(x.sums8.as_ptr().cast()),
+                _mm256_loadu_si256(sums8.cast()),
             )
         }
         #[inline(always)]
-        unsafe fn scale_p(p: &f32, x: &ActAux) -> f32 {
-            *p * x.d
+        unsafe fn wd(p: &f32) -> f32 {
+            *p
         }
     }
 
@@ -710,13 +890,13 @@ mod x86 {
             )
         }
         #[inline(always)]
-        unsafe fn dot(w: &(__m256i, __m256i), a: &Q8K, _: &ActAux, c: usize) -> __m256i {
+        unsafe fn dot(w: &(__m256i, __m256i), a: &Q8K, _: *const [i32; 8], c: usize) -> __m256i {
             let qa = _mm256_loadu_si256(a.qs.as_ptr().add(32 * c).cast());
             _mm256_madd_epi16(_mm256_maddubs_epi16(w.0, qa), w.1)
         }
         #[inline(always)]
-        unsafe fn scale_p(p: &Q4KPrep, x: &ActAux) -> f32 {
-            x.d * p.d
+        unsafe fn wd(p: &Q4KPrep) -> f32 {
+            p.d
         }
         #[inline(always)]
         unsafe fn mins_p(p: &Q4KPrep, a: &Q8K) -> (f32, i32) {
@@ -763,7 +943,7 @@ mod x86 {
             (q, sc)
         }
         #[inline(always)]
-        unsafe fn dot(w: &(__m256i, __m256i), a: &Q8K, _: &ActAux, c: usize) -> __m256i {
+        unsafe fn dot(w: &(__m256i, __m256i), a: &Q8K, _: *const [i32; 8], c: usize) -> __m256i {
             let qa = _mm256_loadu_si256(a.qs.as_ptr().add(32 * c).cast());
             // (q - 32) · a in pairs: q · a - 32 · a, both within i16.
             let p = _mm256_sub_epi16(
@@ -773,8 +953,8 @@ mod x86 {
             _mm256_madd_epi16(p, w.1)
         }
         #[inline(always)]
-        unsafe fn scale_p(p: &f32, x: &ActAux) -> f32 {
-            x.d * *p
+        unsafe fn wd(p: &f32) -> f32 {
+            *p
         }
     }
 
@@ -788,14 +968,24 @@ mod x86 {
         w: &[K],
         per_row: usize,
         a: &[K::Act],
-        aux: &[ActAux],
+        aux: &ActAux,
         r0: usize,
         s0: usize,
         out: Out,
     ) {
         let h = F16c::new();
-        let (wp, ap) = (w.as_ptr().add(r0 * per_row), a.as_ptr().add(s0 * per_row));
-        let xp = aux.as_ptr().add(s0 * per_row);
+        // Block `b` of activation row `s0 + j` is at `g0 + step * b + j * next`: in one group
+        // (`grouped`) or row after row.
+        let (g0, step, next) = if K::GROUPED {
+            debug_assert!(s0 % ACT_GROUP + RN <= ACT_GROUP);
+            (grouped_at(s0, 0, per_row), ACT_GROUP, 1)
+        } else {
+            (s0 * per_row, 1, per_row)
+        };
+        let (wp, ap) = (w.as_ptr().add(r0 * per_row), a.as_ptr().add(g0));
+        let dp = aux.d.as_ptr().add(g0);
+        // Dangling (never read) unless `K::SUMS8`.
+        let sp = aux.sums8.as_ptr().wrapping_add(g0);
         let mut acc = [[_mm256_setzero_ps(); RN]; RM];
         let mut m = [[0f32; RN]; RM];
         for b in 0..per_row {
@@ -815,11 +1005,14 @@ mod x86 {
             for i in 1..RM {
                 wb[i] = &*wp.add(i * per_row + b);
             }
-            let mut ab = [&*ap.add(b); RN];
-            let mut xb = [&*xp.add(b); RN];
+            let g = step * b;
+            let mut ab = [&*ap.add(g); RN];
+            let mut xd = [dp.add(g); RN];
+            let mut xs = [sp.wrapping_add(g); RN];
             for j in 1..RN {
-                ab[j] = &*ap.add(j * per_row + b);
-                xb[j] = &*xp.add(j * per_row + b);
+                ab[j] = &*ap.add(g + j * next);
+                xd[j] = dp.add(g + j * next);
+                xs[j] = sp.wrapping_add(g + j * next);
             }
             let mut prep = [K::prep(wb[0], h); RM];
             for i in 1..RM {
@@ -834,13 +1027,34 @@ mod x86 {
                 for j in 0..RN {
                     for i in 0..RM {
                         lanes[i][j] =
-                            _mm256_add_epi32(lanes[i][j], K::dot(&chunks[i], ab[j], xb[j], c));
+                            _mm256_add_epi32(lanes[i][j], K::dot(&chunks[i], ab[j], xs[j], c));
                     }
                 }
             }
+            // The 4 activation scales side by side (a whole group), for 4 products at once.
+            let four = K::GROUPED && RN == ACT_GROUP;
+            let d8 = if four {
+                _mm256_broadcast_ps(&*xd[0].cast::<__m128>())
+            } else {
+                _mm256_setzero_ps()
+            };
             for i in 0..RM {
+                let wd = _mm256_set1_ps(K::wd(&prep[i]));
+                // The scale `d_w · d_x` (either order: one rounding of the same product), 4 at
+                // a time, then each in all 8 lanes.
+                let s8 = _mm256_mul_ps(wd, d8);
+                let sj = [
+                    _mm256_shuffle_ps::<0x00>(s8, s8),
+                    _mm256_shuffle_ps::<0x55>(s8, s8),
+                    _mm256_shuffle_ps::<0xAA>(s8, s8),
+                    _mm256_shuffle_ps::<0xFF>(s8, s8),
+                ];
                 for j in 0..RN {
-                    let s = _mm256_set1_ps(K::scale_p(&prep[i], xb[j]));
+                    let s = if four {
+                        sj[j]
+                    } else {
+                        _mm256_mul_ps(wd, _mm256_broadcast_ss(&*xd[j]))
+                    };
                     acc[i][j] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(lanes[i][j]), acc[i][j]);
                     if K::MINS {
                         let (c, mb) = K::mins_p(&prep[i], ab[j]);
@@ -865,7 +1079,7 @@ mod x86 {
         w: &[K],
         per_row: usize,
         a: &[K::Act],
-        aux: &[ActAux],
+        aux: &ActAux,
         r0: usize,
         (s0, s1): (usize, usize),
         out: Out,
@@ -883,24 +1097,42 @@ mod x86 {
 
     /// `super::rows_kernel` on AVX2: one weight row at a time for at most `SMALL_BATCH`
     /// activation rows (decode: the weights read in one sequential stream, up to 4 activation
-    /// rows per tile), tiles of `PM` weight rows × `PN` activation rows in blocks of
-    /// `TOKEN_BLOCK` beyond (prefill); the rows left over one at a time.
+    /// rows per tile), tiles of `Avx2::PM` weight rows × `ACT_GROUP` activation rows in blocks
+    /// of `TOKEN_BLOCK` beyond (prefill); the rows left over one at a time.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn rows_kernel<K: Avx2>(
         w: &[K],
         n: usize,
         per_row: usize,
         a: &[K::Act],
-        aux: &[ActAux],
+        aux: &ActAux,
         t: usize,
         out: Out,
     ) {
-        const PM: usize = 2;
-        const PN: usize = 4;
+        match K::PM {
+            3 => rows_pm::<K, 3>(w, n, per_row, a, aux, t, out),
+            _ => rows_pm::<K, 2>(w, n, per_row, a, aux, t, out),
+        }
+    }
+
+    /// `rows_kernel` with prefill tiles of `PM` weight rows (a function of its own per `PM`:
+    /// inlining both into `rows_kernel` measured slower code for the types with `PM = 2`).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn rows_pm<K: Avx2, const PM: usize>(
+        w: &[K],
+        n: usize,
+        per_row: usize,
+        a: &[K::Act],
+        aux: &ActAux,
+        t: usize,
+        out: Out,
+    ) {
+        const PN: usize = ACT_GROUP;
+        const _: () = assert!(TOKEN_BLOCK.is_multiple_of(ACT_GROUP));
 
         if t <= SMALL_BATCH {
             for r in 0..n {
-                tiles::<K, 1, 4>(w, per_row, a, aux, r, (0, t), out);
+                tiles::<K, 1, ACT_GROUP>(w, per_row, a, aux, r, (0, t), out);
             }
             return;
         }
@@ -1146,6 +1378,57 @@ mod tests {
         matmul::<Q4K>(cw, 1, 256, &x, 1, &mut y);
         let acts = quantize_rows::<Q4K>(&x, 1, 256);
         assert_eq!(y[0].to_bits(), dot_portable(&[w], &acts).to_bits());
+    }
+
+    /// The AVX2 Q8_0 quantizer gives candle's `from_float` bytes (then the NaN poisoning) for
+    /// rows of every magnitude, ties (`x / d` exactly half-way, rounded away from zero), zero,
+    /// subnormal, infinite and NaN values.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn the_avx2_quantizer_gives_candles_blocks() {
+        if !crate::models::matmul::avx2() {
+            return;
+        }
+        let mut rows: Vec<Vec<f32>> = Vec::new();
+        for (i, scale) in [1.0, 1e-3, 1e2, 1e-30, 1e-41, 3e38].into_iter().enumerate() {
+            rows.push(
+                activations(1, 256, i as u64 + 1)
+                    .iter()
+                    .map(|x| x * scale)
+                    .collect(),
+            );
+        }
+        // amax 127 · 2^k: d = 2^k, so x = (n + 0.5) · 2^k are exact ties.
+        for k in [-3i32, 0, 5] {
+            let u = 2f32.powi(k);
+            let mut row: Vec<f32> = (0..64).map(|e| (e as f32 - 31.5) * u).collect();
+            row[0] = 127.0 * u;
+            row[32] = -127.0 * u;
+            rows.push(row);
+        }
+        let mut special = vec![0f32; 96];
+        special[33] = f32::INFINITY;
+        special[40] = 1.0;
+        special[70] = f32::NAN;
+        special[71] = 2.0;
+        rows.push(special);
+        rows.push(vec![-0.0; 32]);
+        for row in rows {
+            let n = row.len() / 32;
+            let mut fast = vec![Q8_0 { d: 0, qs: [0; 32] }; n];
+            let mut slow = fast.clone();
+            // SAFETY: the CPU has AVX2 (checked above).
+            unsafe { x86::quantize_q8_0(&row, &mut fast) };
+            from_float_poisoned::<Q8_0>(&row, &mut slow);
+            for (b, (f, s)) in fast.iter().zip(&slow).enumerate() {
+                assert_eq!(
+                    (f.d, f.qs),
+                    (s.d, s.qs),
+                    "block {b} of {:?}",
+                    &row[32 * b..32 * b + 32]
+                );
+            }
+        }
     }
 
     /// Zero, empty and non-finite activations: zeros give exact zeros; the lengths of zero
