@@ -212,8 +212,9 @@ pub(crate) trait Kernel: Copy + Send + Sync + 'static {
     const MINS: bool;
     /// Whether the AVX2 kernel reads the activation blocks' `ActAux::sums8` (Q4_0).
     const SUMS8: bool = false;
-    /// Whether the AVX2 kernel reads the activations in [`grouped`]'s layout (Q8_0 and Q4_0,
-    /// whose tiles then work out 4 scales at once; measured slower for the super-block types).
+    /// Whether the AVX2 prefill reads the activations in [`grouped`]'s layout (Q8_0 and Q4_0,
+    /// whose tiles then work out 4 scales at once; measured slower for the super-block types;
+    /// see [`grouped_layout`]).
     const GROUPED: bool;
 
     /// Quantizes one activation row `xs` into `ys` (`xs.len() / block` blocks) as candle's
@@ -468,7 +469,7 @@ pub(crate) fn matmul<K: Kernel>(
     #[cfg(not(target_arch = "x86_64"))]
     let simd = false;
     let (acts, aux) = if simd {
-        let acts = if K::GROUPED {
+        let acts = if grouped_layout::<K>(t) {
             grouped(&acts, t, per_row)
         } else {
             acts
@@ -566,6 +567,14 @@ fn grouped<A: Copy>(acts: &[A], t: usize, per_row: usize) -> Vec<A> {
     out
 }
 
+/// Whether the AVX2 kernels read `t` activation rows of `K` in [`grouped`]'s layout: for
+/// prefill (more than [`SMALL_BATCH`] rows) of the types that ask for it (`Kernel::GROUPED`).
+/// Decode keeps each row's blocks side by side: padded to a group, one row's blocks would sit
+/// 4 blocks apart (Q4_0 decode measured 15% slower so).
+fn grouped_layout<K: Kernel>(t: usize) -> bool {
+    K::GROUPED && t > SMALL_BATCH
+}
+
 /// Rows of the activations' groups ([`grouped`]): the AVX2 tiles' activation rows.
 const ACT_GROUP: usize = 4;
 
@@ -615,7 +624,7 @@ unsafe fn rows_kernel<K: Kernel>(
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{grouped_at, ACT_GROUP, LANES, TOKEN_BLOCK};
+    use super::{grouped_at, grouped_layout, ACT_GROUP, LANES, TOKEN_BLOCK};
     use super::{ActAux, ActBlock, Halves, Kernel, Out, Q4K, Q4_0, Q6K, Q8K, Q8_0, SMALL_BATCH};
     use crate::models::matmul::x86::finish;
 
@@ -964,7 +973,7 @@ mod x86 {
     /// updated as `Kernel::lanes` / `dot_portable` do.
     #[inline(always)]
     #[allow(clippy::needless_range_loop)] // index loops, not closures (see below)
-    unsafe fn tile<K: Avx2, const RM: usize, const RN: usize>(
+    unsafe fn tile<K: Avx2, const RM: usize, const RN: usize, const G: bool>(
         w: &[K],
         per_row: usize,
         a: &[K::Act],
@@ -976,7 +985,7 @@ mod x86 {
         let h = F16c::new();
         // Block `b` of activation row `s0 + j` is at `g0 + step * b + j * next`: in one group
         // (`grouped`) or row after row.
-        let (g0, step, next) = if K::GROUPED {
+        let (g0, step, next) = if G {
             debug_assert!(s0 % ACT_GROUP + RN <= ACT_GROUP);
             (grouped_at(s0, 0, per_row), ACT_GROUP, 1)
         } else {
@@ -1032,7 +1041,7 @@ mod x86 {
                 }
             }
             // The 4 activation scales side by side (a whole group), for 4 products at once.
-            let four = K::GROUPED && RN == ACT_GROUP;
+            let four = G && RN == ACT_GROUP;
             let d8 = if four {
                 _mm256_broadcast_ps(&*xd[0].cast::<__m128>())
             } else {
@@ -1075,7 +1084,7 @@ mod x86 {
     /// Tiles of `RM` rows from `r0` over activation rows `s0..s1`, `RN` at a time (then one at
     /// a time).
     #[inline(always)]
-    unsafe fn tiles<K: Avx2, const RM: usize, const RN: usize>(
+    unsafe fn tiles<K: Avx2, const RM: usize, const RN: usize, const G: bool>(
         w: &[K],
         per_row: usize,
         a: &[K::Act],
@@ -1086,11 +1095,11 @@ mod x86 {
     ) {
         let mut s = s0;
         while s + RN <= s1 {
-            tile::<K, RM, RN>(w, per_row, a, aux, r0, s, out);
+            tile::<K, RM, RN, G>(w, per_row, a, aux, r0, s, out);
             s += RN;
         }
         while s < s1 {
-            tile::<K, RM, 1>(w, per_row, a, aux, r0, s, out);
+            tile::<K, RM, 1, G>(w, per_row, a, aux, r0, s, out);
             s += 1;
         }
     }
@@ -1109,16 +1118,19 @@ mod x86 {
         t: usize,
         out: Out,
     ) {
-        match K::PM {
-            3 => rows_pm::<K, 3>(w, n, per_row, a, aux, t, out),
-            _ => rows_pm::<K, 2>(w, n, per_row, a, aux, t, out),
+        match (K::PM, grouped_layout::<K>(t)) {
+            (3, true) => rows_pm::<K, 3, true>(w, n, per_row, a, aux, t, out),
+            (3, false) => rows_pm::<K, 3, false>(w, n, per_row, a, aux, t, out),
+            (_, true) => rows_pm::<K, 2, true>(w, n, per_row, a, aux, t, out),
+            (_, false) => rows_pm::<K, 2, false>(w, n, per_row, a, aux, t, out),
         }
     }
 
-    /// `rows_kernel` with prefill tiles of `PM` weight rows (a function of its own per `PM`:
-    /// inlining both into `rows_kernel` measured slower code for the types with `PM = 2`).
+    /// `rows_kernel` with prefill tiles of `PM` weight rows, the activations grouped (`G`,
+    /// `grouped_layout`) or row after row (a function of its own per variant: inlining them
+    /// all into `rows_kernel` measured slower code for the types with `PM = 2`).
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn rows_pm<K: Avx2, const PM: usize>(
+    unsafe fn rows_pm<K: Avx2, const PM: usize, const G: bool>(
         w: &[K],
         n: usize,
         per_row: usize,
@@ -1132,7 +1144,7 @@ mod x86 {
 
         if t <= SMALL_BATCH {
             for r in 0..n {
-                tiles::<K, 1, ACT_GROUP>(w, per_row, a, aux, r, (0, t), out);
+                tiles::<K, 1, ACT_GROUP, false>(w, per_row, a, aux, r, (0, t), out);
             }
             return;
         }
@@ -1142,11 +1154,11 @@ mod x86 {
             let span = (s0, (s0 + TOKEN_BLOCK).min(t));
             let mut r = 0;
             while r < full {
-                tiles::<K, PM, PN>(w, per_row, a, aux, r, span, out);
+                tiles::<K, PM, PN, G>(w, per_row, a, aux, r, span, out);
                 r += PM;
             }
             while r < n {
-                tiles::<K, 1, PN>(w, per_row, a, aux, r, span, out);
+                tiles::<K, 1, PN, G>(w, per_row, a, aux, r, span, out);
                 r += 1;
             }
             s0 = span.1;
