@@ -544,7 +544,7 @@ fn from_float_poisoned<K: Kernel>(xs: &[f32], ys: &mut [K::Act]) {
 fn quantize_row_q8_0(xs: &[f32], ys: &mut [Q8_0]) {
     #[cfg(target_arch = "x86_64")]
     if crate::models::matmul::avx2() {
-        // SAFETY: the CPU has AVX2 (and FMA, F16C).
+        // SAFETY: the CPU has AVX2, FMA and F16C (`avx2`).
         return unsafe { x86::quantize_q8_0(xs, ys) };
     }
     from_float_poisoned::<Q8_0>(xs, ys)
@@ -587,7 +587,8 @@ fn grouped_at(s: usize, b: usize, per_row: usize) -> usize {
 
 /// `y[s, out.col0 + r] = dot(w row r, activation row s)` for the `n` weight rows of `w` and the
 /// `t` activation rows of `a` (`per_row` blocks each): on AVX2 when `aux` is given (`a` then
-/// in [`grouped`]'s layout, `aux` its `ActAux`), else portable (`a` row after row).
+/// in [`grouped`]'s layout when [`grouped_layout`], `aux` its `ActAux`), else portable (`a`
+/// row after row).
 ///
 /// # Safety
 /// As `crate::models::matmul`'s `rows_kernel`: `out` holds `t` rows of `out.stride >=
@@ -678,7 +679,7 @@ mod x86 {
     /// `1 / d` (0 when `d` is 0).
     ///
     /// # Safety
-    /// The CPU has AVX2.
+    /// The CPU has AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn quantize_q8_0(xs: &[f32], ys: &mut [Q8_0]) {
         assert_eq!(xs.len(), ys.len() * 32, "a row of whole blocks");
@@ -991,8 +992,10 @@ mod x86 {
         } else {
             (s0 * per_row, 1, per_row)
         };
-        let (wp, ap) = (w.as_ptr().add(r0 * per_row), a.as_ptr().add(g0));
-        let dp = aux.d.as_ptr().add(g0);
+        // Wrapping: with no blocks (`per_row` 0) the slices are empty and `g0` may still be
+        // `s0 % ACT_GROUP`; nothing is read then.
+        let (wp, ap) = (w.as_ptr().add(r0 * per_row), a.as_ptr().wrapping_add(g0));
+        let dp = aux.d.as_ptr().wrapping_add(g0);
         // Dangling (never read) unless `K::SUMS8`.
         let sp = aux.sums8.as_ptr().wrapping_add(g0);
         let mut acc = [[_mm256_setzero_ps(); RN]; RM];
@@ -1043,7 +1046,9 @@ mod x86 {
             // The 4 activation scales side by side (a whole group), for 4 products at once.
             let four = G && RN == ACT_GROUP;
             let d8 = if four {
-                _mm256_broadcast_ps(&*xd[0].cast::<__m128>())
+                // Unaligned: a load, not a reference to an `__m128` (16-byte alignment).
+                let d4 = _mm_loadu_ps(xd[0]);
+                _mm256_set_m128(d4, d4)
             } else {
                 _mm256_setzero_ps()
             };
