@@ -9,20 +9,23 @@ pub use nucleus_bench::memory::{
 };
 
 /// Keeps the forward pass's freed buffers in the process instead of returning them to the
-/// kernel (glibc on Linux; elsewhere nothing): allocations of up to 64 MiB come from the heap
+/// kernel (glibc on Linux; elsewhere nothing): allocations of up to 32 MiB come from the heap
 /// rather than a mapping of their own, and up to 256 MiB of free memory at the heap's top stays
-/// there (`mallopt`'s `M_MMAP_THRESHOLD` and `M_TRIM_THRESHOLD`). candle allocates every op's
-/// output afresh; with glibc's defaults each of a prefill's multi-megabyte buffers was mapped,
-/// faulted in page by page and unmapped again, 0.4 to 0.5 s of an 8 s prefill on the 0.85 B
-/// Q8_0 model (BENCHMARKS.md, "Prefill kernels"), for about 20 MiB more resident memory. Call
-/// once, before the work starts.
+/// there (`mallopt`'s `M_MMAP_THRESHOLD`, at most 32 MiB on 64-bit glibc, and
+/// `M_TRIM_THRESHOLD`). candle allocates every op's output afresh; with glibc's defaults each
+/// of a prefill's multi-megabyte buffers was mapped, faulted in page by page and unmapped
+/// again, 0.4 to 0.5 s of an 8 s prefill on the 0.85 B Q8_0 model (BENCHMARKS.md, "Prefill
+/// kernels and the allocator"), for about 20 MiB more resident memory. When glibc refuses the
+/// first setting, the second is not made either (setting it alone would pin the mapping
+/// threshold at its 128 KiB default). Call once, before the work starts.
 pub fn tune_malloc() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: `mallopt` only sets the allocator's parameters; it is called before any other
     // thread exists (the start of `main`).
     unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
+        if libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20) == 1 {
+            libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
+        }
     }
 }
 

@@ -470,7 +470,9 @@ pub(crate) fn matmul<K: Kernel>(
     let simd = false;
     let (acts, aux) = if simd {
         let acts = if grouped_layout::<K>(t) {
-            grouped(&acts, t, per_row)
+            let g = grouped(&acts, t, per_row);
+            drop(acts);
+            g
         } else {
             acts
         };
@@ -832,7 +834,8 @@ mod x86 {
                 _mm256_set1_epi8(0xF),
             )
         }
-        /// `Σ (q - 8) · a` per lane as `Σ q · a - 8 · Σ a`, the activation's `8 · Σ a` from `x`.
+        /// `Σ (q - 8) · a` per lane as `Σ q · a - 8 · Σ a`, the activation's `8 · Σ a` from
+        /// `sums8`.
         #[inline(always)]
         unsafe fn dot(w: &__m256i, a: &Q8_0, sums8: *const [i32; 8], _: usize) -> __m256i {
             let qa = _mm256_loadu_si256(a.qs.as_ptr().cast());
