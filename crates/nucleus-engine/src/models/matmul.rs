@@ -55,7 +55,7 @@ pub(super) const TASK_ROWS: usize = 48;
 pub(super) const TOKEN_BLOCK: usize = 60;
 
 /// Lanes of each output's accumulator (one AVX2 register).
-const LANES: usize = 8;
+pub(super) const LANES: usize = 8;
 
 /// A weight element: f32, or the bits of an f16 or bf16 value.
 pub(crate) trait Elem: Copy + Send + Sync + 'static {

@@ -14,6 +14,7 @@
 //! MiniMind-3 and MiniMind2, GGUF `qwen3moe`, routed through nucleus-moe's operators). A new
 //! family is a config mapping in a loader.
 
+pub(crate) mod elementwise;
 pub(crate) mod matmul;
 pub mod moe;
 pub(crate) mod qmatmul;

@@ -29,7 +29,7 @@
 //! The routing buffers (`expanded_x`, the expert outputs, `y`) live in a [`MoeScratch`] that the
 //! model reuses from step to step and layer to layer.
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 use nucleus_moe::{
     moe_finalize_routing_into, moe_gating_top_k_softmax, moe_init_routing_into, ExpandedX,
     ExpertTokensNumType, FinalizeRoutingInput, MoeInitRoutingAttrs, MoeInitRoutingInput,
@@ -347,18 +347,18 @@ impl SparseMoe {
                 start += count;
             }
         }
-        let run = |&(expert, start, count): &(usize, usize, usize)| -> Result<Tensor> {
+        let run = |&(expert, start, count): &(usize, usize, usize)| -> Result<Vec<f32>> {
             let rows = &expanded[start * hidden..(start + count) * hidden];
-            self.experts[expert].forward(&Tensor::from_slice(rows, (count, hidden), device)?)
+            self.experts[expert].forward_rows(rows, count, device)
         };
-        let outputs: Vec<Tensor> = if jobs.len() > 1 && rayon::current_num_threads() > 1 {
+        let outputs: Vec<Vec<f32>> = if jobs.len() > 1 && rayon::current_num_threads() > 1 {
             jobs.par_iter().map(run).collect::<Result<_>>()?
         } else {
             jobs.iter().map(run).collect::<Result<_>>()?
         };
         scratch.expert_out.clear();
         for y in &outputs {
-            append_rows(&mut scratch.expert_out, y)?;
+            scratch.expert_out.extend_from_slice(y);
         }
         moe_finalize_routing_into(
             &FinalizeRoutingInput {
@@ -411,20 +411,4 @@ pub fn moe_routing_bytes(
 /// Whether `bytes` can be allocated now (reserved and released).
 fn can_reserve(bytes: usize) -> bool {
     Vec::<u8>::new().try_reserve_exact(bytes).is_ok()
-}
-
-/// Appends the f32 rows of `y` to `out`.
-fn append_rows(out: &mut Vec<f32>, y: &Tensor) -> Result<()> {
-    let y = y.to_dtype(DType::F32)?.flatten_all()?;
-    if matches!(y.device(), Device::Cpu) {
-        let (storage, layout) = y.storage_and_layout();
-        if let (candle_core::Storage::Cpu(cpu), Some((a, b))) =
-            (&*storage, layout.contiguous_offsets())
-        {
-            out.extend_from_slice(&cpu.as_slice::<f32>()?[a..b]);
-            return Ok(());
-        }
-    }
-    out.extend_from_slice(&y.to_vec1::<f32>()?);
-    Ok(())
 }

@@ -31,8 +31,8 @@
 //! every linear layer runs once for the whole batch. Attention runs once per sequence per layer,
 //! over that sequence's own cache: the keys and values of the new tokens are written in place
 //! into the cache ([`KvCache`]), whose valid prefix is then read as a view, and the scores are
-//! two matrix products and a softmax, with the sequence's causal mask built once per forward
-//! and shared by every layer. A prompt's whole prefill is one attention computation per layer
+//! two matrix products and a causal softmax ([`CausalSoftmax`]: each query's weights over the
+//! keys it may see, no mask tensor). A prompt's whole prefill is one attention computation per layer
 //! (queries tiled in blocks of about 1 Mi scores, each reading only the keys it may see, so the
 //! causal upper triangle is skipped and memory stays bounded on long prompts).
 //! Only each sequence's last row goes through the LM head.
@@ -52,6 +52,7 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::error::{EngineError, Result};
 use crate::kv_cache::{KvCache, KvCacheDtype};
+use crate::models::elementwise::{self, CausalSoftmax};
 use crate::models::moe::{MoeConfig, MoeScratch, SparseMoe};
 use crate::models::rope::{RopeConfig, RopeLayout};
 use crate::models::weight::Weight;
@@ -126,6 +127,21 @@ impl Linear {
             None => y,
         })
     }
+
+    /// [`Linear::forward`] on `xs [t, in]` (f32, row-major): `[t, out]` f32, the bias added
+    /// to each row (the same f32 sums as `broadcast_add`).
+    pub(crate) fn forward_rows(&self, xs: &[f32], t: usize, device: &Device) -> Result<Vec<f32>> {
+        let mut y = self.weight.matmul_rows(xs, t, device)?;
+        if let Some(b) = &self.bias {
+            let b = b.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+            if !b.is_empty() {
+                for row in y.chunks_exact_mut(b.len()) {
+                    row.iter_mut().zip(&b).for_each(|(y, b)| *y += b);
+                }
+            }
+        }
+        Ok(y)
+    }
 }
 
 /// The weights of one transformer block (f32 norms `[hidden]`, `[head_dim]` for q/k norms).
@@ -157,11 +173,29 @@ impl Mlp {
         self.gate.weight.dims().0
     }
 
-    /// `x` `[T, hidden]` to `[T, hidden]`.
+    /// `x` `[T, hidden]` to `[T, hidden]` ([`Mlp::forward_rows`]).
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let gate = self.gate.forward(x)?;
-        let up = self.up.forward(x)?;
-        self.down.forward(&(candle_nn::ops::silu(&gate)? * up)?)
+        let (t, hidden) = x.dims2()?;
+        let xs = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        let y = self.forward_rows(&xs, t, x.device())?;
+        Ok(Tensor::from_vec(y, (t, hidden), x.device())?)
+    }
+
+    /// `xs` `[t, hidden]` (f32, row-major) to `[t, hidden]`: the three products on vectors,
+    /// `silu(gate) * up` fused in place ([`elementwise::silu_mul`]) between them.
+    pub(crate) fn forward_rows(&self, xs: &[f32], t: usize, device: &Device) -> Result<Vec<f32>> {
+        let mut gate = self.gate.forward_rows(xs, t, device)?;
+        let up = self.up.forward_rows(xs, t, device)?;
+        if gate.len() != up.len() {
+            return Err(EngineError::InvalidRequest(format!(
+                "internal: gate of {} and up of {} values",
+                gate.len(),
+                up.len()
+            )));
+        }
+        elementwise::silu_mul(&mut gate, &up);
+        drop(up);
+        self.down.forward_rows(&gate, t, device)
     }
 }
 
@@ -353,15 +387,11 @@ impl Transformer {
             cos = (cos * self.rope_attention_factor)?;
             sin = (sin * self.rope_attention_factor)?;
         }
-        let masks = batch
-            .iter()
-            .map(|seq| causal_mask(seq.tokens.len(), seq.cache.len(), &self.device))
-            .collect::<Result<Vec<_>>>()?;
         let mut shared_scratch = self.moe_scratch.try_lock().ok();
         let mut own_scratch = MoeScratch::default();
         let scratch = shared_scratch.as_deref_mut().unwrap_or(&mut own_scratch);
         for (l, layer) in self.weights.layers.iter().enumerate() {
-            x = self.block(l, layer, &x, &cos, &sin, &masks, batch, scratch)?;
+            x = self.block(l, layer, &x, &cos, &sin, batch, scratch)?;
         }
         if scratch.bytes() > MOE_SCRATCH_KEEP_BYTES {
             *scratch = MoeScratch::default();
@@ -435,8 +465,7 @@ impl Transformer {
     }
 
     /// One transformer block on the concatenated rows `x` `[T, hidden]`; `cos`, `sin`
-    /// `[T, head_dim / 2]` are the RoPE tables of the rows' positions, `masks` the causal mask
-    /// of each sequence (built once per forward, see [`causal_mask`]).
+    /// `[T, head_dim / 2]` are the RoPE tables of the rows' positions.
     #[allow(clippy::too_many_arguments)]
     fn block(
         &self,
@@ -445,7 +474,6 @@ impl Transformer {
         x: &Tensor,
         cos: &Tensor,
         sin: &Tensor,
-        masks: &[Option<Tensor>],
         batch: &mut [SeqInput<'_>],
         scratch: &mut MoeScratch,
     ) -> Result<Tensor> {
@@ -474,13 +502,13 @@ impl Transformer {
 
         let mut outputs = Vec::with_capacity(batch.len());
         let mut offset = 0;
-        for (seq, mask) in batch.iter_mut().zip(masks) {
+        for seq in batch.iter_mut() {
             let n = seq.tokens.len();
             let (k_all, v_all) =
                 seq.cache
                     .write(l, &k.narrow(1, offset, n)?, &v.narrow(1, offset, n)?)?;
             let q_s = q.narrow(1, offset, n)?;
-            outputs.push(self.attention(&q_s, &k_all, &v_all, mask.as_ref())?);
+            outputs.push(self.attention(&q_s, &k_all, &v_all)?);
             offset += n;
         }
         let y = if outputs.len() == 1 {
@@ -500,20 +528,14 @@ impl Transformer {
 
     /// Causal attention of one sequence's `n` new queries `q` `[n_head, n, hd]` over its cache
     /// `k_all`, `v_all` `[n_kv, total, hd]` (views of the cache, not copied; `total = past + n`);
-    /// `mask` `[n, total]` (0 or -inf) when `n > 1`. Returns `[n, n_head * hd]`.
+    /// query `i` sees keys `0..=past + i`. Returns `[n, n_head * hd]`.
     ///
     /// Query heads `r * n_rep ..` share kv head `r` (grouped-query attention): they are grouped
     /// as `[n_kv, n_rep * rows, hd]` so that each kv head's keys are multiplied once. Queries run
     /// in blocks of rows whose scores fit in about [`BLOCK_SCORES`] values (cache-sized, and
     /// memory bounded on long prompts), and a block reads only the keys its last row may see
     /// (`past + end`): the causal upper triangle is not computed.
-    fn attention(
-        &self,
-        q: &Tensor,
-        k_all: &Tensor,
-        v_all: &Tensor,
-        mask: Option<&Tensor>,
-    ) -> Result<Tensor> {
+    fn attention(&self, q: &Tensor, k_all: &Tensor, v_all: &Tensor) -> Result<Tensor> {
         self.attention_calls.fetch_add(1, Ordering::Relaxed);
         let cfg = &self.config;
         let (n_head, n_kv, hd) = (cfg.n_head, cfg.n_kv_head, cfg.head_dim);
@@ -521,7 +543,7 @@ impl Transformer {
         let (_, n, _) = q.dims3()?;
         let total = k_all.dim(1)?;
         let past = total - n;
-        let scale = 1.0 / (hd as f64).sqrt();
+        let scale = (1.0 / (hd as f64).sqrt()) as f32;
         let rows = (BLOCK_SCORES / (n_head * total).max(1))
             .max(MIN_BLOCK_ROWS)
             .min(n.max(1));
@@ -537,15 +559,12 @@ impl Transformer {
                 .contiguous()?
                 .reshape((n_kv, n_rep * r, hd))?;
             let k_t = k_all.narrow(1, 0, kv)?.t()?; // [n_kv, hd, kv]
-            let att = (q_b.matmul(&k_t)? * scale)?; // [n_kv, n_rep * r, kv]
-            let att = match mask {
-                Some(mask) => att
-                    .reshape((n_kv, n_rep, r, kv))?
-                    .broadcast_add(&mask.narrow(0, start, r)?.narrow(1, 0, kv)?)?
-                    .reshape((n_kv, n_rep * r, kv))?,
-                None => att,
-            };
-            let att = candle_nn::ops::softmax_last_dim(&att)?;
+                                                    // [n_kv, n_rep * r, kv]: query `start + i` sees keys `0..past + start + i + 1`.
+            let att = q_b.matmul(&k_t)?.apply_op1_no_bwd(&CausalSoftmax {
+                scale,
+                rows: r,
+                first_visible: past + start + 1,
+            })?;
             let y = att.matmul(&v_all.narrow(1, 0, kv)?)?; // [n_kv, n_rep * r, hd]
             blocks.push(
                 y.reshape((n_head, r, hd))?
@@ -568,20 +587,6 @@ const BLOCK_SCORES: usize = 1 << 20;
 
 /// The fewest query rows of a block (smaller blocks make the matrix products inefficient).
 const MIN_BLOCK_ROWS: usize = 32;
-
-/// The causal mask of `n` new tokens after `past` cached ones: `[n, past + n]` f32, 0 where
-/// query `i` may see key `j` (`j <= past + i`), -inf elsewhere; `None` for one token (it sees
-/// everything). Built once per sequence per forward and shared by every layer.
-fn causal_mask(n: usize, past: usize, device: &Device) -> Result<Option<Tensor>> {
-    if n <= 1 {
-        return Ok(None);
-    }
-    let total = past + n;
-    let mask: Vec<f32> = (0..n)
-        .flat_map(|i| (0..total).map(move |j| if j > past + i { f32::NEG_INFINITY } else { 0.0 }))
-        .collect();
-    Ok(Some(Tensor::from_vec(mask, (n, total), device)?))
-}
 
 impl CausalLm for Transformer {
     fn config(&self) -> &ModelConfig {

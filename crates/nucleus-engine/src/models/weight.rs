@@ -177,38 +177,11 @@ impl Weight {
 
     /// `x [.., in]` f32 times the transpose: `[.., out]` f32.
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        match self {
-            Weight::Candle(QMatMul::Tensor(w)) if w.dtype() == DType::F32 => {
-                let (rows, cols) = self.dims();
-                let (storage, layout) = w.storage_and_layout();
-                let values = match (&*storage, layout.contiguous_offsets()) {
-                    (candle_core::Storage::Cpu(cpu), Some((start, end))) => {
-                        &cpu.as_slice::<f32>()?[start..end]
-                    }
-                    // Not on the CPU or not contiguous: candle's product.
-                    _ => return Ok(QMatMul::Tensor(w.clone()).forward(x)?),
-                };
-                self.forward_with(x, |xs, t, y| {
-                    matmul::matmul(values, rows, cols, xs, t, y);
-                    Ok(())
-                })
+        if let Weight::Candle(m) = self {
+            if !matches!(m, QMatMul::Tensor(w) if w.dtype() == DType::F32) {
+                return Ok(m.forward(x)?);
             }
-            Weight::Candle(m) => Ok(m.forward(x)?),
-            Weight::Half(w) => self.forward_with(x, |xs, t, y| {
-                half_matmul(w, xs, t, y);
-                Ok(())
-            }),
-            Weight::Quant(m) => self.forward_with(x, |xs, t, y| Ok(m.matmul(xs, t, y)?)),
         }
-    }
-
-    /// `x [.., in]` times the transpose by `matmul(x [t, in], t, y [t, out])`, both f32
-    /// row-major.
-    fn forward_with(
-        &self,
-        x: &Tensor,
-        matmul: impl FnOnce(&[f32], usize, &mut [f32]) -> Result<()>,
-    ) -> Result<Tensor> {
         let (rows, cols) = self.dims();
         let dims = x.dims().to_vec();
         if dims.last() != Some(&cols) {
@@ -218,11 +191,49 @@ impl Weight {
         }
         let t = x.elem_count() / cols.max(1);
         let xs = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-        let mut y = vec![0f32; t * rows];
-        matmul(&xs, t, &mut y)?;
+        let y = self.matmul_rows(&xs, t, x.device())?;
         let mut out_dims = dims;
         *out_dims.last_mut().expect("at least one dimension") = rows;
         Ok(Tensor::from_vec(y, out_dims, x.device())?)
+    }
+
+    /// `xs [t, in]` (f32, row-major) times the transpose: `[t, out]` f32, row-major. The
+    /// same products as [`Weight::forward`] without the tensors around them (the feed-forward
+    /// block chains its three products and SwiGLU on these vectors). `device` is where a
+    /// weight kept by candle lives (its product runs on a tensor there).
+    ///
+    /// # Errors
+    /// `xs.len() != t * in` (`InvalidRequest`, a caller's bug); candle's errors.
+    pub(crate) fn matmul_rows(&self, xs: &[f32], t: usize, device: &Device) -> Result<Vec<f32>> {
+        let (rows, cols) = self.dims();
+        if xs.len() != t * cols {
+            return Err(EngineError::InvalidRequest(format!(
+                "internal: a [{rows}, {cols}] weight times {} values as {t} rows",
+                xs.len()
+            )));
+        }
+        let mut y = vec![0f32; t * rows];
+        match self {
+            Weight::Candle(QMatMul::Tensor(w)) if w.dtype() == DType::F32 => {
+                let (storage, layout) = w.storage_and_layout();
+                match (&*storage, layout.contiguous_offsets()) {
+                    (candle_core::Storage::Cpu(cpu), Some((start, end))) => {
+                        let values = &cpu.as_slice::<f32>()?[start..end];
+                        matmul::matmul(values, rows, cols, xs, t, &mut y);
+                    }
+                    // Not on the CPU or not contiguous: candle's product.
+                    _ => {
+                        drop(storage);
+                        let w = QMatMul::Tensor(w.clone());
+                        return candle_rows(&w, xs, t, cols, device);
+                    }
+                }
+            }
+            Weight::Candle(m) => return candle_rows(m, xs, t, cols, device),
+            Weight::Half(w) => half_matmul(w, xs, t, &mut y),
+            Weight::Quant(m) => m.matmul(xs, t, &mut y)?,
+        }
+        Ok(y)
     }
 
     /// The rows `ids` of the matrix as f32 `[ids.len(), cols]` (the embedding lookup). Ids are
@@ -248,6 +259,22 @@ impl Weight {
             }
         }
     }
+}
+
+/// candle's product of `xs [t, cols]` (f32) and the transpose of `m`, on `device`, as f32
+/// values row after row.
+fn candle_rows(
+    m: &QMatMul,
+    xs: &[f32],
+    t: usize,
+    cols: usize,
+    device: &Device,
+) -> Result<Vec<f32>> {
+    let x = Tensor::from_slice(xs, (t, cols), device)?;
+    Ok(m.forward(&x)?
+        .to_dtype(DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()?)
 }
 
 /// `y [t, rows] = x [t, cols] · w^T` ([`matmul::matmul`]); `x` and `y` row-major f32.
