@@ -1033,6 +1033,36 @@ mod x86 {
             for i in 1..RM {
                 prep[i] = K::prep(wb[i], h);
             }
+            // One chunk (Q8_0, Q4_0) and a whole group of activation rows: each pair's lanes
+            // go to its accumulator as soon as they are summed, the same operations as below
+            // in an order that keeps fewer registers live (below, all the pairs' lanes are
+            // held first, and LLVM spilled accumulators to the stack): Q8_0 prefill tiles
+            // measured 5% faster in isolation, Q4_0 2%.
+            if K::CHUNKS == 1 && !K::MINS && G && RN == ACT_GROUP {
+                let mut chunks = [K::chunk(wb[0], &prep[0], 0); RM];
+                for i in 1..RM {
+                    chunks[i] = K::chunk(wb[i], &prep[i], 0);
+                }
+                let d4 = _mm_loadu_ps(xd[0]);
+                let d8 = _mm256_set_m128(d4, d4);
+                let mut s8 = [_mm256_setzero_ps(); RM];
+                for i in 0..RM {
+                    s8[i] = _mm256_mul_ps(_mm256_set1_ps(K::wd(&prep[i])), d8);
+                }
+                for j in 0..RN {
+                    for i in 0..RM {
+                        let l = K::dot(&chunks[i], ab[j], xs[j], 0);
+                        let s = match j {
+                            0 => _mm256_shuffle_ps::<0x00>(s8[i], s8[i]),
+                            1 => _mm256_shuffle_ps::<0x55>(s8[i], s8[i]),
+                            2 => _mm256_shuffle_ps::<0xAA>(s8[i], s8[i]),
+                            _ => _mm256_shuffle_ps::<0xFF>(s8[i], s8[i]),
+                        };
+                        acc[i][j] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(l), acc[i][j]);
+                    }
+                }
+                continue;
+            }
             let mut lanes = [[_mm256_setzero_si256(); RN]; RM];
             for c in 0..K::CHUNKS {
                 let mut chunks = [K::chunk(wb[0], &prep[0], c); RM];
