@@ -134,8 +134,15 @@ impl Linear {
         let mut y = self.weight.matmul_rows(xs, t, device)?;
         if let Some(b) = &self.bias {
             let b = b.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-            if !b.is_empty() {
-                for row in y.chunks_exact_mut(b.len()) {
+            let out = self.weight.dims().0;
+            if b.len() != out {
+                return Err(EngineError::InvalidRequest(format!(
+                    "internal: a bias of {} values for a layer of {out} outputs",
+                    b.len()
+                )));
+            }
+            if out > 0 {
+                for row in y.chunks_exact_mut(out) {
                     row.iter_mut().zip(&b).for_each(|(y, b)| *y += b);
                 }
             }
@@ -575,7 +582,8 @@ impl Transformer {
                 .contiguous()?
                 .reshape((n_kv, n_rep * r, hd))?;
             let k_t = k_all.narrow(1, 0, kv)?.t()?; // [n_kv, hd, kv]
-                                                    // [n_kv, n_rep * r, kv]: query `start + i` sees keys `0..past + start + i + 1`.
+
+            // [n_kv, n_rep * r, kv]; query `start + i` sees keys `0..past + start + i + 1`.
             let att = q_b.matmul(&k_t)?.apply_op1_no_bwd(&CausalSoftmax {
                 scale,
                 rows: r,
