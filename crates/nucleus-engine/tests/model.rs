@@ -356,7 +356,7 @@ fn prefill_is_one_attention_per_layer_and_no_cache_copies() -> Result<()> {
     // 1,024 → 2,048 (the context length): one growth, one copy, in 100 decode steps.
     assert_eq!((cache.capacity(), cache.copies()), (2048, 1));
 
-    // The prefill's queries ran in blocks (8 heads × 1,024 keys: 128 rows a block), each
+    // The prefill's queries ran in blocks (8 heads × 1,024 keys: 32 rows a block), each
     // reading only the keys it may see: its logits are those of 1,024 single-token steps.
     let mut one_by_one = model.new_cache();
     let mut last = Vec::new();

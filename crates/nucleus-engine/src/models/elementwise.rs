@@ -13,8 +13,8 @@
 //!
 //! Why ours: in a 256-token Q8_0 prefill of the 0.85 B model, candle's `silu`, `mul`, scaling,
 //! mask addition and softmax (a scalar libm `expf` per element, one pass and one allocation
-//! per operation) took about a quarter of the 0.8 s outside the matrix products
-//! (BENCHMARKS.md, "Prefill overheads (stop 41)").
+//! per operation) took about a third of the 0.83 s outside the matrix products: 0.83 -> 0.52 s
+//! with these two (BENCHMARKS.md, "Prefill overheads (stop 41)").
 //!
 //! Every element goes through the same arithmetic whatever the length of its row or buffer
 //! (the vector paths pad tails rather than finish them in scalar code, and masked keys add
@@ -54,7 +54,9 @@ fn silu_mul_portable(gate: &mut [f32], up: &[f32]) {
 /// those, 0 for the keys after. The grouped-query layout `[n_kv, n_rep * rows, kv]` (each kv
 /// head's `n_rep` query heads one after another, `rows` queries each) gives every query its
 /// own row this way. Decode is one row that sees all `kv` keys (`rows` 1, `first_visible`
-/// `kv`). See the module docs for the arithmetic.
+/// `kv`). See the module docs for the arithmetic. The scores of keys a query does not see are
+/// not read: a NaN or inf there does not reach its row (a mask added as -inf let it, as NaN).
+/// Any `scale` works, 0 and negative included.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct CausalSoftmax {
     /// The factor of the scores before the softmax (`1 / sqrt(head_dim)`).
@@ -86,22 +88,39 @@ impl CustomOp1 for CausalSoftmax {
         let src = &src[start..end];
         let mut dst = vec![0f32; src.len()];
         if kv > 0 {
-            for (r, (s, d)) in src
-                .chunks_exact(kv)
-                .zip(dst.chunks_exact_mut(kv))
-                .enumerate()
-            {
+            let row = |(r, (s, d)): (usize, (&[f32], &mut [f32]))| {
                 let visible = kv.min(first + r % rows);
                 softmax_row(&s[..visible], &mut d[..visible], self.scale);
+            };
+            // Rows are independent: on rayon's pool (as candle's softmax) the bits are the same.
+            if rayon::current_num_threads() > 1 && src.len() >= PARALLEL_SCORES {
+                use rayon::prelude::*;
+                src.par_chunks_exact(kv)
+                    .zip(dst.par_chunks_exact_mut(kv))
+                    .enumerate()
+                    .for_each(row);
+            } else {
+                src.chunks_exact(kv)
+                    .zip(dst.chunks_exact_mut(kv))
+                    .enumerate()
+                    .for_each(row);
             }
         }
         Ok((CpuStorage::F32(dst), layout.shape().clone()))
     }
 }
 
+/// The fewest scores for which [`CausalSoftmax`] splits its rows over rayon's pool.
+const PARALLEL_SCORES: usize = 1 << 14;
+
 /// `d = softmax(s * scale)` ([`CausalSoftmax`]); `s` and `d` of one length.
 fn softmax_row(s: &[f32], d: &mut [f32], scale: f32) {
-    debug_assert_eq!(s.len(), d.len());
+    // A real check: the AVX2 path writes `d` through pointers up to `s.len()`.
+    assert_eq!(
+        s.len(),
+        d.len(),
+        "softmax_row: scores and weights of one length"
+    );
     #[cfg(target_arch = "x86_64")]
     if crate::models::matmul::avx2() {
         // SAFETY: the CPU has AVX2, FMA and F16C (`avx2`).
@@ -166,7 +185,7 @@ mod x86 {
         // 1 + r + r^2 p(r)
         let r2 = _mm256_mul_ps(r, r);
         let e = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0));
-        // n in [-150, 129]: a = n >> 1 and b = n - a in [-75, 65], normal exponents.
+        // n in [-150, 128]: a = n >> 1 and b = n - a in [-75, 64], normal exponents.
         let ni = _mm256_cvtps_epi32(n);
         let a = _mm256_srai_epi32::<1>(ni);
         let b = _mm256_sub_epi32(ni, a);
@@ -218,19 +237,19 @@ mod x86 {
         let n = s.len();
         let body = n - n % 8;
         let sc = _mm256_set1_ps(scale);
-        let tail = |s: &[f32]| {
-            let mut b = [f32::NEG_INFINITY; 8];
-            b[..n - body].copy_from_slice(&s[body..]);
-            b
-        };
-        let tail_s = tail(s);
+        // The tail's scaled scores (the same f32 products as the vector `vmulps`), padded with
+        // -inf after scaling: padding first would turn into NaN (scale 0) or +inf (scale < 0).
+        let mut tail_x = [f32::NEG_INFINITY; 8];
+        for (x, &v) in tail_x.iter_mut().zip(&s[body..]) {
+            *x = v * scale;
+        }
         // max(x, m) keeps m when x is NaN (the second operand on unordered), as f32::max.
         let mut m8 = _mm256_set1_ps(f32::NEG_INFINITY);
         for j in (0..body).step_by(8) {
             m8 = _mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(s.as_ptr().add(j)), sc), m8);
         }
         if body < n {
-            m8 = _mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(tail_s.as_ptr()), sc), m8);
+            m8 = _mm256_max_ps(_mm256_loadu_ps(tail_x.as_ptr()), m8);
         }
         let mut mm = [0f32; 8];
         _mm256_storeu_ps(mm.as_mut_ptr(), m8);
@@ -245,7 +264,7 @@ mod x86 {
         }
         let mut tail_d = [0f32; 8];
         if body < n {
-            let x = _mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(tail_s.as_ptr()), sc), mv);
+            let x = _mm256_sub_ps(_mm256_loadu_ps(tail_x.as_ptr()), mv);
             let e = exp(x);
             _mm256_storeu_ps(tail_d.as_mut_ptr(), e);
             sum8 = _mm256_add_ps(sum8, e);
@@ -264,8 +283,12 @@ mod x86 {
 
     #[cfg(test)]
     pub(super) fn exp_lanes(z: [f32; 8]) -> [f32; 8] {
+        assert!(
+            crate::models::matmul::avx2(),
+            "exp_lanes needs AVX2 and FMA"
+        );
         let mut out = [0f32; 8];
-        // SAFETY: only called when the CPU has AVX2 and FMA (the tests check).
+        // SAFETY: the CPU has AVX2 and FMA (asserted above).
         unsafe {
             #[target_feature(enable = "avx2,fma")]
             unsafe fn run(z: &[f32; 8], out: &mut [f32; 8]) {
@@ -299,10 +322,19 @@ mod tests {
         if a.is_infinite() || e.is_infinite() {
             return f64::INFINITY;
         }
-        // The spacing of f32 at the exact value (the subnormal spacing below the normals).
-        let spacing = (e.abs().max(f32::MIN_POSITIVE) as f64) * f64::from(f32::EPSILON);
-        let spacing = spacing.max(f64::from(f32::from_bits(1)));
-        (a as f64 - exact).abs() / spacing
+        (a as f64 - exact).abs() / spacing(e)
+    }
+
+    /// The distance from finite `e` to the next f32 away from zero (its ulp; the subnormal
+    /// step below the normals; below `f32::MAX`'s the step under it).
+    fn spacing(e: f32) -> f64 {
+        let a = e.abs();
+        let up = a.next_up();
+        if up.is_finite() {
+            (up as f64) - (a as f64)
+        } else {
+            (a as f64) - (a.next_down() as f64)
+        }
     }
 
     fn xorshift(s: &mut u64) -> u64 {
@@ -457,8 +489,7 @@ mod tests {
             let (a, c) = (y[i], candle[i]);
             let same_class = (a.is_nan() && c.is_nan()) || a == c || {
                 let d = (a as f64 - c as f64).abs();
-                let spacing = (c.abs().max(f32::MIN_POSITIVE) as f64) * f64::from(f32::EPSILON);
-                a.is_finite() && c.is_finite() && d <= 4.0 * spacing
+                a.is_finite() && c.is_finite() && d <= 4.0 * spacing(c)
             };
             assert!(same_class, "silu({}) * {}: {a:e}, candle {c:e}", g[i], u[i]);
         }
@@ -656,5 +687,48 @@ mod tests {
             },
         );
         assert!(y.iter().all(|v| v.is_nan()), "{y:?}");
+    }
+
+    #[test]
+    fn any_scale_and_what_a_query_cannot_see_leave_its_row_finite() {
+        // Zero and negative scales (tails of every length; the padding must not turn into NaN
+        // or +inf), and NaN / inf scores on keys after the query's, against the f64 softmax.
+        for &scale in &[0.0f32, -0.5, 0.25] {
+            for kv in 1..20 {
+                let (g, _) = inputs(kv, kv as u64 * 3);
+                let y = causal_softmax(
+                    &g,
+                    &[1, 1, kv],
+                    CausalSoftmax {
+                        scale,
+                        rows: 1,
+                        first_visible: kv,
+                    },
+                );
+                let exact = softmax_reference(&g, 1, kv, kv, scale);
+                for (&a, &e) in y.iter().zip(&exact) {
+                    assert!(
+                        ulps(a, e) <= 8.0,
+                        "scale {scale}, kv {kv}: {a:e}, exact {e:e}"
+                    );
+                }
+            }
+        }
+        let s = [0.5, 1.0, f32::NAN, f32::INFINITY, 2.0];
+        let y = causal_softmax(
+            &s,
+            &[1, 1, 5],
+            CausalSoftmax {
+                scale: 1.0,
+                rows: 1,
+                first_visible: 2,
+            },
+        );
+        let exact = softmax_reference(&s, 1, 5, 2, 1.0);
+        assert!(
+            ulps(y[0], exact[0]) <= 8.0 && ulps(y[1], exact[1]) <= 8.0,
+            "{y:?}"
+        );
+        assert_eq!(&y[2..], &[0.0; 3]);
     }
 }
