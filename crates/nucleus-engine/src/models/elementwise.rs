@@ -545,6 +545,16 @@ mod tests {
         out
     }
 
+    /// One query row `s` that sees its first `visible` keys.
+    fn one_row(s: &[f32], scale: f32, visible: usize) -> Vec<f32> {
+        let op = CausalSoftmax {
+            scale,
+            rows: 1,
+            first_visible: visible,
+        };
+        causal_softmax(s, &[1, 1, s.len()], op)
+    }
+
     fn causal_softmax(s: &[f32], dims: &[usize], op: CausalSoftmax) -> Vec<f32> {
         let t = Tensor::from_slice(s, dims, &Device::Cpu).unwrap();
         t.apply_op1_no_bwd(&op)
@@ -648,15 +658,7 @@ mod tests {
         let block = causal_softmax(&g, &[1, rows, kv], op);
         for i in 0..rows {
             let vis = 18 + i;
-            let alone = causal_softmax(
-                &g[i * kv..i * kv + vis],
-                &[1, 1, vis],
-                CausalSoftmax {
-                    scale: 0.7,
-                    rows: 1,
-                    first_visible: vis,
-                },
-            );
+            let alone = one_row(&g[i * kv..i * kv + vis], 0.7, vis);
             let same = alone
                 .iter()
                 .zip(&block[i * kv..i * kv + vis])
@@ -677,15 +679,7 @@ mod tests {
             }
         }
         let s = [1.0, f32::NAN, 2.0];
-        let y = causal_softmax(
-            &s,
-            &[1, 1, 3],
-            CausalSoftmax {
-                scale: 1.0,
-                rows: 1,
-                first_visible: 3,
-            },
-        );
+        let y = one_row(&s, 1.0, 3);
         assert!(y.iter().all(|v| v.is_nan()), "{y:?}");
     }
 
@@ -696,15 +690,7 @@ mod tests {
         for &scale in &[0.0f32, -0.5, 0.25] {
             for kv in 1..20 {
                 let (g, _) = inputs(kv, kv as u64 * 3);
-                let y = causal_softmax(
-                    &g,
-                    &[1, 1, kv],
-                    CausalSoftmax {
-                        scale,
-                        rows: 1,
-                        first_visible: kv,
-                    },
-                );
+                let y = one_row(&g, scale, kv);
                 let exact = softmax_reference(&g, 1, kv, kv, scale);
                 for (&a, &e) in y.iter().zip(&exact) {
                     assert!(
@@ -715,15 +701,7 @@ mod tests {
             }
         }
         let s = [0.5, 1.0, f32::NAN, f32::INFINITY, 2.0];
-        let y = causal_softmax(
-            &s,
-            &[1, 1, 5],
-            CausalSoftmax {
-                scale: 1.0,
-                rows: 1,
-                first_visible: 2,
-            },
-        );
+        let y = one_row(&s, 1.0, 2);
         let exact = softmax_reference(&s, 1, 5, 2, 1.0);
         assert!(
             ulps(y[0], exact[0]) <= 8.0 && ulps(y[1], exact[1]) <= 8.0,
